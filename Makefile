@@ -1,0 +1,35 @@
+# Two entry points that do all set-up on a fresh machine:
+#   make demo   plan and simulate the default model on the default machine (no GPU stack needed)
+#   make test   lint, import contracts, and the CPU test suite (kernels under TRITON_INTERPRET=1)
+# Each creates its own virtual environment. torch is pinned to the CPU build found on the CI disk;
+# the GPU machine brings its own torch.
+PYTHON ?= python3
+DEMO_VENV := .venv-demo
+TEST_VENV := .venv
+
+.PHONY: demo test clean
+
+$(DEMO_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DEMO_VENV)/bin/python -m pip install -q -e .
+	touch $@
+
+$(TEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(TEST_VENV)
+	$(TEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TEST_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(TEST_VENV)/bin/python -m pip install -q -e '.[gpu,dev]'
+	touch $@
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/slide demo
+
+test: $(TEST_VENV)/.installed
+	$(TEST_VENV)/bin/ruff check .
+	$(TEST_VENV)/bin/ruff format --check .
+	$(TEST_VENV)/bin/lint-imports
+	$(TEST_VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(DEMO_VENV) $(TEST_VENV) out
