@@ -1,0 +1,95 @@
+"""TrainConfig: what the user asks for (batch, sequence, where activations and optimizer state live).
+
+Validated on construction: a bad value raises ValueError naming the field and the valid range, so
+the planner never sees an impossible request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULES = ("sliding", "zero-offload", "gpu-only")
+ACTIVATION_PLACES = ("gpu", "cpu", "nvme")
+# "nvme" puts master weights and both moments on NVMe; "nvme-moments" only the two moments.
+OPTIMIZER_PLACES = ("cpu", "nvme", "nvme-moments")
+MOMENT_DTYPES = ("fp32", "bf16")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    batch: int
+    seq: int
+    steps: int = 3
+    grad_accum: int = 1
+    schedule: str = "sliding"
+    activations: str = "cpu"
+    optimizer: str = "cpu"
+    moments_dtype: str = "fp32"
+    cache_units: int = 3  # GPU cache units for sliding decoder layers (prefetch depth + 1)
+    grad_buffers: int = 3  # pinned CPU landing buffers for downloaded gradients
+    act_buffers: int = 3  # GPU buffers for layer inputs in flight to/from the CPU
+    resident: int | str = 0  # layers kept whole on the GPU: a count, or "auto"
+    lce_chunk_tokens: int | None = None  # None: chosen from `lce_budget_bytes`
+    lce_budget_bytes: int = 1 << 30
+    cpu_threads: int | None = None  # optimizer threads; None: every core
+    gpu_margin: float = 0.05  # share of GPU memory `resident="auto"` leaves free
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "seq", "steps", "grad_accum"):
+            _positive(name, getattr(self, name))
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("activations", self.activations, ACTIVATION_PLACES)
+        _choice("optimizer", self.optimizer, OPTIMIZER_PLACES)
+        _choice("moments_dtype", self.moments_dtype, MOMENT_DTYPES)
+        if self.cache_units < 2:
+            raise ValueError(
+                f"cache_units must be >= 2 (one computing, one prefetching), got {self.cache_units}"
+            )
+        if self.grad_buffers < 1:
+            raise ValueError(f"grad_buffers must be >= 1, got {self.grad_buffers}")
+        if self.act_buffers < 3:
+            raise ValueError(
+                f"act_buffers must be >= 3 (input, output, one in flight), got {self.act_buffers}"
+            )
+        if not (self.resident == "auto" or (isinstance(self.resident, int) and self.resident >= 0)):
+            raise ValueError(f"resident must be a count >= 0 or 'auto', got {self.resident!r}")
+        if self.lce_chunk_tokens is not None:
+            _positive("lce_chunk_tokens", self.lce_chunk_tokens)
+        _positive("lce_budget_bytes", self.lce_budget_bytes)
+        if self.cpu_threads is not None:
+            _positive("cpu_threads", self.cpu_threads)
+        if not 0.0 <= self.gpu_margin < 1.0:
+            raise ValueError(f"gpu_margin must be in [0, 1), got {self.gpu_margin}")
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * self.seq * self.grad_accum
+
+    @property
+    def moment_bytes(self) -> int:
+        """Bytes of both Adam moments per parameter."""
+        return 8 if self.moments_dtype == "fp32" else 4
+
+
+def parse_resident(text: str) -> int | str:
+    """`--resident` on the command line: a count or `auto`."""
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"resident must be a count >= 0 or 'auto', got {text!r}") from None
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
