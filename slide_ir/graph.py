@@ -17,6 +17,7 @@ releases it.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -215,7 +216,7 @@ class Graph:
             g.add_edges_from((d, op.id) for d in op.deps)
         for lane in self.lanes():
             ids = [op.id for op in self.lane_ops(lane)]
-            g.add_edges_from(zip(ids, ids[1:], strict=False), lane_order=True)
+            g.add_edges_from(itertools.pairwise(ids), lane_order=True)
         return g
 
     # -- serial forms --------------------------------------------------------------------------
