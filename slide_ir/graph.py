@@ -38,6 +38,7 @@ class OpKind(StrEnum):
     ADAM = "adam"  # CPU AdamW update of one layer (FP32 master + moments), BF16 cast fused
     GPU_ADAM = "gpu_adam"  # fused AdamW on the GPU for a resident layer
     CAST = "cast"  # FP32 -> BF16 cast of updated weights on the CPU, when not fused into adam
+    GRAD_ACCUM = "grad_accum"  # add a micro-batch's landed BF16 grads into the CPU FP32 accumulator
     ACT_SAVE = "act_save"  # copy a layer's input activation GPU -> CPU (d2h lane)
     ACT_LOAD = "act_load"  # copy it back CPU -> GPU ahead of the layer's recompute (h2d lane)
     NVME_READ = "nvme_read"  # read optimizer state or activations from NVMe

@@ -1,0 +1,89 @@
+"""Arguments shared by every command that plans: model, machine, training configuration."""
+
+from __future__ import annotations
+
+import argparse
+
+from slide_ir.config import (
+    ACTIVATION_PLACES,
+    MOMENT_DTYPES,
+    OPTIMIZER_PLACES,
+    SCHEDULES,
+    TrainConfig,
+    parse_resident,
+)
+from slide_ir.hardware import Machine, load_machine
+from slide_ir.model import ModelSpec, load_model
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_MACHINE = "paper-pc-4090"
+
+
+def add_model_machine(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"catalog name (slide models), config.json or model dir [{DEFAULT_MODEL}]",
+    )
+    parser.add_argument(
+        "--machine",
+        default=DEFAULT_MACHINE,
+        help=f"catalog name (slide machines) or a .toml profile [{DEFAULT_MACHINE}]",
+    )
+    add_machine_overrides(parser)
+
+
+def add_machine_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ram-gb", type=float, help="override the machine's usable DRAM (GB)")
+    parser.add_argument("--nvme", type=int, help="override the number of NVMe drives")
+
+
+def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> None:
+    if batch:
+        parser.add_argument("--batch", type=int, default=16, help="micro-batch size [16]")
+    parser.add_argument("--seq", type=int, default=1024, help="sequence length [1024]")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps to plan [3]")
+    parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step [1]")
+    parser.add_argument("--schedule", choices=SCHEDULES, default="sliding")
+    parser.add_argument(
+        "--activations",
+        choices=ACTIVATION_PLACES,
+        default="cpu",
+        help="where checkpointed layer inputs live [cpu]",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZER_PLACES,
+        default="cpu",
+        help="where FP32 master weights and Adam moments live [cpu]",
+    )
+    parser.add_argument(
+        "--moments", choices=MOMENT_DTYPES, default="fp32", help="Adam moment precision [fp32]"
+    )
+    parser.add_argument("--cache-units", type=int, default=3, help="GPU cache units [3]")
+    parser.add_argument(
+        "--resident", default="0", help="units kept whole on the GPU: a count or 'auto' [0]"
+    )
+    parser.add_argument("--cpu-threads", type=int, help="optimizer threads [all cores]")
+
+
+def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Machine]:
+    return load_model(args.model), load_machine(args.machine, ram_gb=args.ram_gb, nvme=args.nvme)
+
+
+def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
+    fields: dict[str, object] = {
+        "batch": args.batch,
+        "seq": args.seq,
+        "steps": args.steps,
+        "grad_accum": args.grad_accum,
+        "schedule": args.schedule,
+        "activations": args.activations,
+        "optimizer": args.optimizer,
+        "moments_dtype": args.moments,
+        "cache_units": args.cache_units,
+        "resident": parse_resident(args.resident),
+        "cpu_threads": args.cpu_threads,
+    }
+    fields.update(override)
+    return TrainConfig(**fields)  # type: ignore[arg-type]

@@ -1,0 +1,75 @@
+"""Plans as text and as JSON: the ledger per tier with its breakdown, and the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from slide_ir.advice import suggest_fixes
+from slide_ir.ledger import REPORT_TIERS
+from slide_ir.planner import Plan
+
+GB = 1e9
+
+
+def plan_summary(p: Plan) -> dict[str, Any]:
+    """The `--json` form: stable keys other tools read."""
+    led = p.ledger
+    memory: dict[str, Any] = {}
+    for tier in REPORT_TIERS:
+        memory[tier] = {
+            "peak_bytes": led.peak_bytes(tier),
+            "capacity_bytes": led.capacity_bytes(tier),
+            "breakdown": led.breakdown(tier),
+        }
+    memory["cpu"]["pinned_bytes"] = led.pinned_bytes()
+    return {
+        "model": {
+            "name": p.model.name,
+            "params": p.model.total_params,
+            "layers": p.model.num_layers,
+        },
+        "machine": p.machine.name,
+        "config": asdict(p.config),
+        "memory": memory,
+        "feasible": led.feasible,
+        "overflows": {tier: over for tier, over in led.overflows()},
+        "suggestions": suggest_fixes(p.model, p.machine, p.config, led) if not led.feasible else [],
+        "resident_units": list(led.resident),
+        "graph": {
+            "ops": len(p.graph.ops),
+            "ops_per_lane": p.graph.ops_per_lane(),
+            "pools": len(p.graph.pools),
+        },
+    }
+
+
+def render_plan(p: Plan) -> str:
+    c, m, led = p.config, p.model, p.ledger
+    lines = [
+        f"{m.name} ({m.total_params / 1e9:.2f} B params, {m.num_layers} layers) on {p.machine.name}",
+        f"schedule {c.schedule}: batch {c.batch} x seq {c.seq} x accum {c.grad_accum} "
+        f"= {c.tokens_per_step:,} tokens/step; activations on {c.activations}, "
+        f"optimizer on {c.optimizer}"
+        + (f", resident units {len(led.resident)}" if led.resident else ""),
+        "",
+    ]
+    for tier in REPORT_TIERS:
+        peak, cap = led.peak_bytes(tier), led.capacity_bytes(tier)
+        if not peak and not cap:
+            continue
+        pinned = f" (pinned {led.pinned_bytes() / GB:.1f} GB)" if tier == "cpu" else ""
+        mark = "ok" if peak <= cap else f"OVER by {(peak - cap) / GB:.1f} GB"
+        lines.append(f"{tier.upper():5s} {peak / GB:8.1f} GB of {cap / GB:.1f} GB{pinned}  {mark}")
+        for label, size in led.breakdown(tier).items():
+            lines.append(f"      {label:48s} {size / GB:8.2f} GB")
+    lines.append("")
+    if led.feasible:
+        lines.append("verdict: fits")
+    else:
+        over = ", ".join(f"{t} by {b / GB:.1f} GB" for t, b in led.overflows())
+        lines.append(f"verdict: does not fit ({over}). What would make it fit:")
+        lines += [f"  - {s}" for s in suggest_fixes(m, p.machine, c, led)]
+    per_lane = ", ".join(f"{lane} {k}" for lane, k in p.graph.ops_per_lane().items())
+    lines.append(f"graph: {len(p.graph.ops)} ops over {c.steps} steps ({per_lane})")
+    return "\n".join(lines)

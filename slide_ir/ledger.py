@@ -1,0 +1,446 @@
+"""The memory ledger: bytes per tier as closed formulas with named terms.
+
+Each term *is* a pool of the schedule IR (equal slots on one tier), plus a human label and the
+formula it came from. The planner turns terms into the Graph's pools one for one, so the ledger is
+also the documentation of what an engine allocates: reserved bytes per tier == ledger peak.
+
+Tiers for reporting: `gpu`, `cpu` (all host RAM: pinned + pageable) and `nvme`.
+
+Units of the sliding schedule ("layers" in op ids): 0 = embedding, 1..n = decoder layers,
+n+1 = head (final norm + untied LM head). `resident` units live whole on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from slide_ir.config import TrainConfig
+from slide_ir.graph import Pool, Tier
+from slide_ir.hardware import Machine
+from slide_ir.model import ModelSpec
+
+GIB = 1 << 30
+# CUDA context, cuBLAS/cuDNN workspaces and allocator slack: typical for torch on one GPU.
+CUDA_CONTEXT_BYTES = 3 * GIB // 4
+# Host process: Python, torch and CUDA host libraries, tokenizer and data loader.
+HOST_RUNTIME_BYTES = 3 * GIB
+BF16 = 2
+FP32 = 4
+REPORT_TIERS = ("gpu", "cpu", "nvme")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Term:
+    pool: Pool
+    label: str  # what a user reads: "fp32 master weights"
+    formula: str  # how it was computed: "4 B x 7.50e9 params"
+
+    @property
+    def bytes(self) -> int:
+        return self.pool.bytes
+
+    @property
+    def report_tier(self) -> str:
+        return "cpu" if self.pool.tier in (Tier.CPU, Tier.PINNED) else str(self.pool.tier)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ledger:
+    schedule: str
+    terms: tuple[Term, ...]
+    gpu_capacity: int
+    cpu_capacity: int
+    nvme_capacity: int
+    resident: tuple[int, ...] = ()  # units kept whole on the GPU
+
+    def peak_bytes(self, tier: str) -> int:
+        return sum(t.bytes for t in self.terms if t.report_tier == tier)
+
+    def pinned_bytes(self) -> int:
+        return sum(t.bytes for t in self.terms if t.pool.tier == Tier.PINNED)
+
+    def capacity_bytes(self, tier: str) -> int:
+        return {"gpu": self.gpu_capacity, "cpu": self.cpu_capacity, "nvme": self.nvme_capacity}[
+            tier
+        ]
+
+    def breakdown(self, tier: str) -> dict[str, int]:
+        """Bytes per label (terms sharing a label are summed), largest first."""
+        out: dict[str, int] = {}
+        for t in self.terms:
+            if t.report_tier == tier:
+                out[t.label] = out.get(t.label, 0) + t.bytes
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def overflows(self) -> list[tuple[str, int]]:
+        """(tier, bytes over capacity) for every tier that does not fit."""
+        over = [(tier, self.peak_bytes(tier) - self.capacity_bytes(tier)) for tier in REPORT_TIERS]
+        return [(tier, b) for tier, b in over if b > 0]
+
+    @property
+    def feasible(self) -> bool:
+        return not self.overflows()
+
+    def pools(self) -> tuple[Pool, ...]:
+        return tuple(t.pool for t in self.terms)
+
+
+# -- units -----------------------------------------------------------------------------------
+def unit_params(model: ModelSpec, unit: int) -> int:
+    """Parameters of a unit: the embedding, one decoder layer, or the head stage."""
+    if unit == 0:
+        return model.embedding_params
+    if unit == model.num_layers + 1:
+        return model.final_norm_params + model.lm_head_params
+    return model.layer_params
+
+
+def resident_preference(model: ModelSpec) -> tuple[int, ...]:
+    """Order in which units become resident: the embedding first (its CPU update would sit at
+    the step boundary, where nothing hides it), then the decoder layers whose backward comes
+    last (1, 2, ...: their updates also end the step), the head last."""
+    return (0, *range(1, model.num_layers + 1), model.num_layers + 1)
+
+
+def adam_bytes_per_param(config: TrainConfig) -> int:
+    """Bytes one CPU AdamW step touches per parameter: FP32 master read+write, both moments read
+    + write, the BF16 gradient read, and the fused BF16 weight write."""
+    return 2 * FP32 + 2 * config.moment_bytes + BF16 + BF16
+
+
+# -- building --------------------------------------------------------------------------------
+class _Terms:
+    """Collects terms; skips empty ones so the breakdown lists only what is allocated."""
+
+    def __init__(self) -> None:
+        self.items: list[Term] = []
+
+    def add(
+        self,
+        name: str,
+        tier: Tier,
+        slots: int,
+        slot_bytes: int,
+        label: str,
+        formula: str,
+        *,
+        static: bool = False,
+    ) -> None:
+        if slots > 0 and slot_bytes > 0:
+            pool = Pool(name=name, tier=tier, slots=slots, slot_bytes=slot_bytes, static=static)
+            self.items.append(Term(pool=pool, label=label, formula=formula))
+
+
+def build_ledger(
+    model: ModelSpec, machine: Machine, config: TrainConfig, resident: tuple[int, ...] = ()
+) -> Ledger:
+    """The ledger of `config.schedule`. `resident` applies to the sliding schedule only."""
+    drives = len(machine.nvme)
+    if drives == 0 and "nvme" in (config.optimizer, config.activations):
+        raise ValueError(
+            f"optimizer={config.optimizer!r}, activations={config.activations!r} need at least one "
+            f"NVMe drive, and machine {machine.name!r} has none (add one with --nvme N)"
+        )
+    terms = _Terms()
+    if config.schedule == "sliding":
+        _sliding_terms(terms, model, config, resident, drives)
+    elif config.schedule == "zero-offload":
+        _zero_offload_terms(terms, model, config, drives)
+    else:
+        resident = resident_preference(model)
+        _gpu_only_terms(terms, model, config)
+    return Ledger(
+        schedule=config.schedule,
+        terms=tuple(terms.items),
+        gpu_capacity=machine.gpu.memory_bytes,
+        cpu_capacity=machine.ram_bytes,
+        nvme_capacity=sum(d.capacity_bytes for d in machine.nvme),
+        resident=tuple(sorted(resident)),
+    )
+
+
+def _common_gpu_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+    b, s, h = config.batch, config.seq, model.hidden_size
+    hidden = b * s * h * BF16
+    terms.add(
+        "gpu_context",
+        Tier.GPU,
+        1,
+        CUDA_CONTEXT_BYTES,
+        "CUDA context and workspaces",
+        "fixed 0.75 GiB",
+        static=True,
+    )
+    terms.add(
+        "gpu_hidden_grads",
+        Tier.GPU,
+        2,
+        hidden,
+        "hidden-state gradients",
+        f"2 x b{b} x s{s} x h{h} x 2 B",
+        static=True,
+    )
+    terms.add(
+        "gpu_workspace",
+        Tier.GPU,
+        1,
+        model.layer_transient_bytes(b, s),
+        "layer transient activations",
+        f"one layer's recompute+backward at b{b} s{s}",
+    )
+    chunk = lce_chunk_tokens(model, config)
+    lce = model.logits_bytes(b, s, fused=True, chunk_tokens=chunk) + model.vocab_size * h * FP32
+    terms.add(
+        "gpu_lce",
+        Tier.GPU,
+        1,
+        lce,
+        "fused LCE workspace",
+        f"{chunk}-token fp32 logits+grad chunk + fp32 LM-head grad accumulator",
+    )
+
+
+def lce_chunk_tokens(model: ModelSpec, config: TrainConfig) -> int:
+    tokens = config.batch * config.seq
+    chunk = config.lce_chunk_tokens or model.default_lce_chunk_tokens(config.lce_budget_bytes)
+    return min(chunk, tokens)
+
+
+def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+    """Checkpointed layer inputs: all on the GPU, or a GPU window plus a CPU/NVMe home."""
+    b, s, h, n = config.batch, config.seq, model.hidden_size, model.num_layers
+    hidden = b * s * h * BF16
+    what = f"b{b} x s{s} x h{h} x 2 B"
+    if config.activations == "gpu":
+        terms.add("gpu_acts", Tier.GPU, n + 1, hidden, "saved layer inputs", f"{n + 1} x {what}")
+        return
+    terms.add(
+        "gpu_acts",
+        Tier.GPU,
+        config.act_buffers,
+        hidden,
+        "layer-input window",
+        f"{config.act_buffers} x {what}",
+    )
+    if config.activations == "cpu":
+        terms.add(
+            "pinned_acts", Tier.PINNED, n, hidden, "saved layer inputs (pinned)", f"{n} x {what}"
+        )
+    else:
+        terms.add(
+            "pinned_act_staging",
+            Tier.PINNED,
+            config.act_buffers,
+            hidden,
+            "activation NVMe staging (pinned)",
+            f"{config.act_buffers} x {what}",
+        )
+        terms.add("nvme_acts", Tier.NVME, n, hidden, "saved layer inputs (NVMe)", f"{n} x {what}")
+
+
+def _optimizer_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, units: list[int], drives: int
+) -> None:
+    """FP32 master + moments of the units updated on the CPU: in RAM, or on NVMe with a staging
+    ring in RAM (3 stripes per drive: one read ahead, one updating, one being written)."""
+    mb = config.moment_bytes
+    on_nvme = {"cpu": 0, "nvme": FP32 + mb, "nvme-moments": mb}[config.optimizer]
+    for group, members in _unit_groups(model, units):
+        p, k = unit_params(model, members[0]), len(members)
+        if config.optimizer != "nvme":
+            terms.add(
+                f"master_{group}",
+                Tier.CPU,
+                k,
+                p * FP32,
+                "fp32 master weights",
+                f"{k} x {p:.4g} params x 4 B",
+                static=True,
+            )
+        if not on_nvme:
+            terms.add(
+                f"moments_{group}",
+                Tier.CPU,
+                k,
+                p * mb,
+                "Adam moments",
+                f"{k} x {p:.4g} params x {mb} B",
+                static=True,
+            )
+            continue
+        terms.add(
+            f"nvme_opt_{group}",
+            Tier.NVME,
+            k,
+            p * on_nvme,
+            "optimizer state (NVMe)",
+            f"{k} x {p:.4g} params x {on_nvme} B",
+            static=True,
+        )
+        terms.add(
+            f"opt_staging_{group}",
+            Tier.CPU,
+            3 * drives,
+            -(-p * on_nvme // drives),
+            "optimizer NVMe staging",
+            f"3 x {p:.4g} params x {on_nvme} B",
+        )
+
+
+def _sliding_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, resident: tuple[int, ...], drives: int
+) -> None:
+    n, mb = model.num_layers, config.moment_bytes
+    _common_gpu_terms(terms, model, config)
+    _activation_terms(terms, model, config)
+    sliding = [u for u in resident_preference(model) if u not in resident]
+    sliding_layers = [u for u in sliding if 1 <= u <= n]
+    p = model.layer_params
+    units = min(config.cache_units, len(sliding_layers))
+    terms.add(
+        "gpu_units",
+        Tier.GPU,
+        units,
+        p * 2 * BF16,
+        "cache units (bf16 weights+grads)",
+        f"{units} x {p:.4g} params x 4 B",
+    )
+    for group, members in _unit_groups(model, [u for u in sliding if u in (0, n + 1)]):
+        q = unit_params(model, members[0])
+        terms.add(
+            f"gpu_{group}",
+            Tier.GPU,
+            1,
+            q * 2 * BF16,
+            f"{group} slot (bf16 weights+grads)",
+            f"{q:.4g} params x 4 B",
+        )
+        terms.add(
+            f"pinned_grads_{group}",
+            Tier.PINNED,
+            1,
+            q * BF16,
+            "gradient landing (pinned)",
+            f"{q:.4g} params x 2 B",
+        )
+    for group, members in _unit_groups(model, list(resident)):
+        q, k = unit_params(model, members[0]), len(members)
+        terms.add(
+            f"gpu_resident_{group}",
+            Tier.GPU,
+            k,
+            q * (2 * BF16 + FP32 + mb),
+            "resident layers (weights, grads, master, moments)",
+            f"{k} x {q:.4g} params x {2 * BF16 + FP32 + mb} B",
+            static=True,
+        )
+    if sliding_layers:
+        g = config.grad_buffers
+        terms.add(
+            "pinned_grads_layers",
+            Tier.PINNED,
+            g,
+            p * BF16,
+            "gradient landing (pinned)",
+            f"{g} x {p:.4g} params x 2 B",
+        )
+    for group, members in _unit_groups(model, sliding):
+        q, k = unit_params(model, members[0]), len(members)
+        terms.add(
+            f"pinned_bf16_{group}",
+            Tier.PINNED,
+            k,
+            q * BF16,
+            "bf16 weights (pinned)",
+            f"{k} x {q:.4g} params x 2 B",
+            static=True,
+        )
+        if config.grad_accum > 1:
+            terms.add(
+                f"grad_accum_{group}",
+                Tier.CPU,
+                k,
+                q * FP32,
+                "fp32 gradient accumulators",
+                f"{k} x {q:.4g} params x 4 B",
+                static=True,
+            )
+    _optimizer_terms(terms, model, config, sliding, drives)
+    _host_terms(terms)
+
+
+def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, drives: int) -> None:
+    """ZeRO-Offload style: all BF16 weights and grads on the GPU, optimizer on the CPU, every
+    gradient downloaded after the full backward."""
+    n_all = model.total_params
+    _common_gpu_terms(terms, model, config)
+    _activation_terms(terms, model, config)
+    terms.add(
+        "gpu_params", Tier.GPU, 1, n_all * BF16, "bf16 weights", f"{n_all:.4g} x 2 B", static=True
+    )
+    terms.add(
+        "gpu_grads", Tier.GPU, 1, n_all * BF16, "bf16 gradients", f"{n_all:.4g} x 2 B", static=True
+    )
+    terms.add(
+        "pinned_grads",
+        Tier.PINNED,
+        1,
+        n_all * BF16,
+        "gradient landing (pinned)",
+        f"{n_all:.4g} x 2 B",
+        static=True,
+    )
+    terms.add(
+        "pinned_bf16",
+        Tier.PINNED,
+        1,
+        n_all * BF16,
+        "bf16 weights (pinned)",
+        f"{n_all:.4g} x 2 B",
+        static=True,
+    )
+    _optimizer_terms(terms, model, config, list(resident_preference(model)), drives)
+    _host_terms(terms)
+
+
+def _gpu_only_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+    """Everything on the GPU: 2+2+4+8 = 16 B per parameter plus activations (no offload)."""
+    n_all, per = model.total_params, 2 * BF16 + FP32 + config.moment_bytes
+    _common_gpu_terms(terms, model, config)
+    _activation_terms(terms, model, config)
+    terms.add(
+        "gpu_state",
+        Tier.GPU,
+        1,
+        n_all * per,
+        "weights, grads, master, moments",
+        f"{n_all:.4g} params x {per} B",
+        static=True,
+    )
+    _host_terms(terms)
+
+
+def _host_terms(terms: _Terms) -> None:
+    terms.add(
+        "host_runtime",
+        Tier.CPU,
+        1,
+        HOST_RUNTIME_BYTES,
+        "process runtime (python, torch)",
+        "fixed 3 GiB",
+        static=True,
+    )
+
+
+def _unit_groups(model: ModelSpec, units: list[int]) -> Iterator[tuple[str, list[int]]]:
+    """Units of equal size share a pool: embedding, decoder layers, head."""
+    n = model.num_layers
+    groups = {
+        "embed": [u for u in units if u == 0],
+        "layers": [u for u in units if 1 <= u <= n],
+        "head": [u for u in units if u == n + 1],
+    }
+    for name, members in groups.items():
+        if members and unit_params(model, members[0]) > 0:
+            yield name, members

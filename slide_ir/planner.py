@@ -1,0 +1,120 @@
+"""The planner: (ModelSpec, Machine, TrainConfig) -> Plan = memory ledger + schedule Graph.
+
+The ledger is decided first (which units stay resident, what every tier holds), its terms become
+the Graph's pools, and a schedule emitter writes the ops. An infeasible plan is still built (so a
+user can see it) but reports its overflow; engines refuse to run it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from slide_ir.baselines import emit_gpu_only, emit_zero_offload
+from slide_ir.builder import GraphBuilder
+from slide_ir.config import TrainConfig
+from slide_ir.graph import Graph, GraphInfo
+from slide_ir.hardware import Machine, load_machine_toml, machine_to_toml
+from slide_ir.ledger import Ledger, build_ledger, resident_preference
+from slide_ir.model import ModelSpec
+from slide_ir.schedules import Ctx
+from slide_ir.sliding import emit_sliding
+
+PLAN_VERSION = 1
+EMITTERS = {"sliding": emit_sliding, "zero-offload": emit_zero_offload, "gpu-only": emit_gpu_only}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    model: ModelSpec
+    machine: Machine
+    config: TrainConfig
+    ledger: Ledger
+    graph: Graph
+
+    @property
+    def feasible(self) -> bool:
+        return self.ledger.feasible
+
+
+def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
+    ledger = build_ledger(model, machine, config, choose_resident(model, machine, config))
+    ctx = Ctx(
+        model=model,
+        config=config,
+        b=GraphBuilder(ledger.pools()),
+        drives=len(machine.nvme),
+        resident=frozenset(ledger.resident) if config.schedule == "sliding" else frozenset(),
+    )
+    EMITTERS[config.schedule](ctx)
+    info = GraphInfo(
+        schedule=config.schedule,
+        model=model.name,
+        machine=machine.name,
+        batch=config.batch,
+        seq=config.seq,
+        steps=config.steps,
+        grad_accum=config.grad_accum,
+        num_layers=model.num_layers,
+        params=model.total_params,
+        flops_per_step=model_flops_per_step(model, config),
+    )
+    return Plan(model=model, machine=machine, config=config, ledger=ledger, graph=ctx.b.build(info))
+
+
+def model_flops_per_step(model: ModelSpec, config: TrainConfig) -> float:
+    """Forward + backward FLOPs of one optimizer step, recompute not counted."""
+    b, s = config.batch, config.seq
+    layers = model.num_layers * (model.layer_fwd_flops(b, s) + model.layer_bwd_flops(b, s))
+    head = model.head_fwd_flops(b, s) + model.head_bwd_flops(b, s)
+    return config.grad_accum * (layers + head)
+
+
+def choose_resident(model: ModelSpec, machine: Machine, config: TrainConfig) -> tuple[int, ...]:
+    """Units kept whole on the GPU: the first `resident` of `resident_preference`, or with
+    "auto" as many as keep the GPU ledger under (1 - gpu_margin) of its capacity."""
+    if config.schedule != "sliding":
+        return ()
+    order = resident_preference(model)
+    if config.resident != "auto":
+        count = int(config.resident)
+        if count > len(order):
+            raise ValueError(f"resident must be at most {len(order)} for {model.name}, got {count}")
+        return order[:count]
+    budget = (1.0 - config.gpu_margin) * machine.gpu.memory_bytes
+    best = 0
+    for count in range(1, len(order) + 1):
+        if build_ledger(model, machine, config, order[:count]).peak_bytes("gpu") > budget:
+            break
+        best = count
+    return order[:best]
+
+
+# -- saved plans -----------------------------------------------------------------------------
+def plan_to_json(p: Plan) -> str:
+    """Everything needed to re-plan (model config, machine profile, train config) + the graph."""
+    return json.dumps(
+        {
+            "version": PLAN_VERSION,
+            "model": p.model.to_hf_config(),
+            "model_name": p.model.name,
+            "machine_toml": machine_to_toml(p.machine),
+            "config": asdict(p.config),
+            "graph": json.loads(p.graph.to_json()),
+        }
+    )
+
+
+def plan_from_json(text: str) -> Plan:
+    """Re-plan from the saved inputs; the graph must come out equal to the saved one."""
+    data = json.loads(text)
+    if data.get("version") != PLAN_VERSION:
+        raise ValueError(
+            f"plan version {data.get('version')!r} unsupported (expected {PLAN_VERSION})"
+        )
+    model = ModelSpec.from_hf_config(data["model"], name=data["model_name"])
+    machine = load_machine_toml(data["machine_toml"])
+    p = plan(model, machine, TrainConfig(**data["config"]))
+    if p.graph != Graph.from_json(json.dumps(data["graph"])):
+        raise ValueError("saved plan's graph differs from a fresh plan of its inputs (edited?)")
+    return p

@@ -1,0 +1,159 @@
+"""The sliding schedule: the GPU as a window over the layers.
+
+Per step (and micro-batch): the embedding and decoder layers are uploaded into a ring of cache
+units `cache_units - 1` layers ahead of the forward; the last of them stay on the GPU into the
+backward. In backward, layer j's gradients go down on `d2h` as soon as its backward ends and its
+AdamW update runs on `cpu` while the GPU computes layer j-1. The next step's upload of a unit
+waits for that unit's update. Resident units never move: a GPU AdamW updates them in place.
+"""
+
+from __future__ import annotations
+
+from slide_ir.graph import OpKind, Work
+from slide_ir.schedules import (
+    Ctx,
+    OptimizerIo,
+    adam_work,
+    backward,
+    forward,
+    grad_accum_work,
+    param_bytes,
+    prefetch_activations,
+    unit_group,
+)
+
+K = OpKind
+
+
+def emit_sliding(ctx: Ctx) -> None:
+    c, n = ctx.config, ctx.n
+    layers = [i for i in range(1, n + 1) if i not in ctx.resident]
+    ahead = max(min(c.cache_units, len(layers)) - 1, 0)
+    ctx.kept = frozenset(layers[len(layers) - ahead :]) if ahead else frozenset()
+    for step in range(1, c.steps + 1):
+        io = OptimizerIo(ctx, step)
+        order = [u for u in (n + 1, *range(n, 0, -1), 0) if u not in ctx.resident]
+        for micro in range(c.grad_accum):
+            last = micro == c.grad_accum - 1
+            _Micro(ctx, step, micro, last, layers, ahead, io, order).run()
+
+
+class _Micro:
+    """One micro-batch of the sliding schedule: prefetch bookkeeping plus the compute chain."""
+
+    def __init__(
+        self,
+        ctx: Ctx,
+        step: int,
+        micro: int,
+        last: bool,
+        layers: list[int],
+        ahead: int,
+        io: OptimizerIo,
+        order: list[int],
+    ) -> None:
+        self.ctx, self.step, self.micro, self.last = ctx, step, micro, last
+        self.layers, self.ahead, self.io, self.order = layers, ahead, io, order
+        self.uploaded: dict[str, set[int]] = {"fwd": set(), "bwd": set()}
+        self.phase = "fwd"
+
+    def run(self) -> None:
+        ctx = self.ctx
+        forward(ctx, self.step, self.micro, self.before_forward)
+        self.after_bwd(ctx.n + 1)
+        self.phase = "bwd"
+        backward(ctx, self.step, self.micro, self.before_backward, self.after_bwd)
+
+    # -- prefetch ------------------------------------------------------------------------------
+    def before_forward(self, unit: int) -> None:
+        n = self.ctx.n
+        if unit == 0:
+            self._upload_layers(self.layers, 0)
+            self._upload(0)
+        elif unit in self.layers:
+            self._upload_layers(self.layers, self.layers.index(unit))
+        if unit == n + 1 or self.uploaded["fwd"].issuperset(self.layers):
+            self._upload(n + 1)
+
+    def before_backward(self, layer: int) -> None:
+        ctx = self.ctx
+        back = self.layers[::-1]
+        if layer in back:
+            self._upload_layers(back, back.index(layer))
+        prefetch_activations(ctx, self.step, self.micro, layer)
+
+    def _upload_layers(self, order: list[int], pos: int) -> None:
+        for u in order[pos : pos + self.ahead + 1]:
+            self._upload(u)
+
+    def _upload(self, unit: int) -> None:
+        ctx = self.ctx
+        done = self.uploaded[self.phase]
+        if unit in ctx.resident or unit in ctx.unit_slot or unit in done:
+            return
+        done.add(unit)
+        pool = "gpu_units" if 1 <= unit <= ctx.n else f"gpu_{unit_group(ctx, unit)}"
+        what = "w.h2d" if self.phase == "fwd" else "w.h2d.bwd"
+        op_id = ctx.oid(self.step, self.micro, unit, what)
+        (slot,) = ctx.b.emit(
+            op_id,
+            K.H2D_PARAM,
+            "h2d",
+            step=self.step,
+            layer=unit,
+            work=Work(bytes=param_bytes(ctx, unit)),
+            deps=[ctx.last_update.get(unit)],
+            acquire=[pool],
+        )
+        ctx.unit_slot[unit], ctx.weights_ready[unit] = slot, op_id
+
+    # -- gradients -----------------------------------------------------------------------------
+    def after_bwd(self, unit: int) -> None:
+        ctx, step = self.ctx, self.step
+        produced_by = ctx.oid(step, self.micro, unit, "loss" if unit == ctx.n + 1 else "bwd")
+        if unit in ctx.resident:
+            if self.last:
+                op_id = ctx.sid(step, unit, "gpu_adam")
+                ctx.b.emit(
+                    op_id, K.GPU_ADAM, "gpu", step=step, layer=unit, work=adam_work(ctx, unit)
+                )
+                ctx.last_update[unit] = op_id
+            return
+        d2h = ctx.oid(step, self.micro, unit, "g.d2h")
+        (landing,) = ctx.b.emit(
+            d2h,
+            K.D2H_GRAD,
+            "d2h",
+            step=step,
+            layer=unit,
+            work=Work(bytes=param_bytes(ctx, unit)),
+            deps=[produced_by],
+            acquire=[f"pinned_grads_{unit_group(ctx, unit)}"],
+            release=[ctx.unit_slot.pop(unit)],
+        )
+        if not self.last:
+            ctx.b.emit(
+                ctx.oid(step, self.micro, unit, "g.accum"),
+                K.GRAD_ACCUM,
+                "cpu",
+                step=step,
+                layer=unit,
+                work=grad_accum_work(ctx, unit),
+                deps=[d2h],
+                release=[landing],
+            )
+            return
+        reads = self.io.prefetch(self.order, self.order.index(unit))
+        adam = ctx.sid(step, unit, "adam")
+        ctx.b.emit(
+            adam,
+            K.ADAM,
+            "cpu",
+            step=step,
+            layer=unit,
+            work=adam_work(ctx, unit),
+            deps=[d2h, *reads],
+            release=[landing],
+        )
+        self.io.write_back(unit, adam)
+        ctx.last_update[unit] = adam

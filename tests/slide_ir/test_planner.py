@@ -1,0 +1,161 @@
+"""Planner: ledgers by closed formula, graphs that validate, schedules that differ as designed."""
+
+from dataclasses import replace
+
+import pytest
+
+from slide_ir.config import TrainConfig
+from slide_ir.graph import OpKind, Tier
+from slide_ir.hardware import load_machine
+from slide_ir.ledger import build_ledger
+from slide_ir.model import load_model
+from slide_ir.planner import choose_resident, plan, plan_from_json, plan_to_json
+from slide_ir.printing import format_graph, parse_graph
+
+GB = 1e9
+
+
+@pytest.fixture(scope="module")
+def llama8b():
+    return load_model("llama-3.1-8b")
+
+
+@pytest.fixture(scope="module")
+def pc():
+    return load_machine("paper-pc-4090")
+
+
+def test_sliding_cpu_ram_holds_master_and_moments(llama8b, pc):
+    p = plan(llama8b, pc, TrainConfig(batch=16, seq=1024))
+    n_all = llama8b.total_params
+    breakdown = p.ledger.breakdown("cpu")
+    assert breakdown["fp32 master weights"] == 4 * n_all
+    assert breakdown["Adam moments"] == 8 * n_all
+    assert p.ledger.peak_bytes("cpu") >= 12 * n_all
+    assert p.ledger.breakdown("cpu")["bf16 weights (pinned)"] == 2 * n_all
+    assert p.feasible
+
+
+def test_pools_are_the_ledger(llama8b, pc):
+    """What an engine reserves per tier (the pools) is exactly the ledger's peak."""
+    p = plan(llama8b, pc, TrainConfig(batch=4, seq=512, steps=2))
+    tiers = p.graph.tier_bytes()
+    assert tiers[Tier.GPU] == p.ledger.peak_bytes("gpu")
+    assert tiers[Tier.CPU] + tiers[Tier.PINNED] == p.ledger.peak_bytes("cpu")
+    assert tiers[Tier.PINNED] == p.ledger.pinned_bytes()
+
+
+def test_gpu_units_scale_with_cache_units(llama8b, pc):
+    small = build_ledger(llama8b, pc, TrainConfig(batch=1, seq=128, cache_units=2))
+    big = build_ledger(llama8b, pc, TrainConfig(batch=1, seq=128, cache_units=5))
+    assert big.peak_bytes("gpu") - small.peak_bytes("gpu") == 3 * 4 * llama8b.layer_params
+
+
+def test_sliding_graph_shape(llama8b, pc):
+    n = llama8b.num_layers
+    g = plan(llama8b, pc, TrainConfig(batch=2, seq=256, steps=2)).graph
+    kinds = [op.kind for op in g.ops]
+    assert kinds.count(OpKind.ADAM) == 2 * (n + 2)  # every unit, every step
+    assert kinds.count(OpKind.D2H_GRAD) == 2 * (n + 2)
+    assert kinds.count(OpKind.RECOMPUTE) == 2 * n
+    # the last cache_units-1 layers stay on the GPU into the backward: fewer uploads
+    uploads = kinds.count(OpKind.H2D_PARAM)
+    assert uploads == 2 * ((n + 2) + (n - 2))
+    # step 2's upload of a layer waits for step 1's update of it
+    assert "s1.L5.adam" in g.op("s2.L5.w.h2d").deps
+    # layer j's gradients leave right after its backward; the update follows the download
+    # (and, with 3 pinned landing buffers, waits until layer 10's update has freed one)
+    assert g.op("s1.L7.g.d2h").deps == ("s1.L7.bwd", "s1.L10.adam")
+    assert "s1.L7.g.d2h" in g.op("s1.L7.adam").deps
+
+
+def test_zero_offload_updates_after_full_backward(llama8b, pc):
+    g = plan(llama8b, pc, TrainConfig(batch=2, seq=256, steps=2, schedule="zero-offload")).graph
+    assert g.op("s1.L31.g.d2h").deps == ("s1.L0.bwd",)
+    assert "s1.L0.g.d2h" in g.op("s1.L33.adam").deps
+    assert "s1.L0.adam" in g.op("s1.L5.w.h2d").deps
+    assert "s1.L5.w.h2d" in g.op("s2.L5.fwd").deps
+
+
+def test_gpu_only_holds_16_bytes_per_param(llama8b, pc):
+    led = plan(llama8b, pc, TrainConfig(batch=1, seq=128, schedule="gpu-only")).ledger
+    assert led.breakdown("gpu")["weights, grads, master, moments"] == 16 * llama8b.total_params
+    assert not led.feasible and led.overflows()[0][0] == "gpu"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"activations": "gpu"},
+        {"activations": "nvme", "optimizer": "nvme"},
+        {"optimizer": "nvme-moments", "moments_dtype": "bf16"},
+        {"grad_accum": 2},
+        {"resident": 3},
+        {"cache_units": 2, "act_buffers": 4},
+        {"schedule": "zero-offload", "activations": "nvme"},
+        {"schedule": "gpu-only", "activations": "gpu"},
+    ],
+)
+def test_variants_build_valid_graphs(overrides):
+    model = load_model("llama-3.2-1b")  # tied embeddings
+    machine = load_machine("paper-pc-4090", nvme=2)
+    p = plan(model, machine, TrainConfig(batch=2, seq=128, steps=2, **overrides))
+    assert p.graph.ops  # validated on construction
+    assert parse_graph(format_graph(p.graph)) == p.graph
+
+
+def test_nvme_optimizer_stripes_over_drives():
+    model = load_model("qwen2.5-0.5b")
+    machine = load_machine("paper-pc-4090", nvme=2)
+    p = plan(model, machine, TrainConfig(batch=1, seq=64, steps=1, optimizer="nvme"))
+    lanes = p.graph.ops_per_lane()
+    assert lanes["nvme0"] == lanes["nvme1"] > 0
+    read = p.graph.op("s1.L3.opt.read1")
+    assert read.work.bytes == -(-model.layer_params * 12 // 2)
+    assert p.ledger.breakdown("nvme")["optimizer state (NVMe)"] == 12 * model.total_params
+
+
+def test_nvme_without_drives_is_refused(llama8b):
+    machine = load_machine("paper-pc-4090", nvme=0)
+    with pytest.raises(ValueError, match="need at least one NVMe drive"):
+        plan(llama8b, machine, TrainConfig(batch=1, seq=64, optimizer="nvme"))
+
+
+def test_resident_auto_fills_a_big_gpu():
+    model, h200 = load_model("qwen2.5-14b"), load_machine("h200-16c-128g")
+    config = TrainConfig(batch=4, seq=1024, resident="auto")
+    resident = choose_resident(model, h200, config)
+    assert resident[:3] == (0, 1, 2)  # the embedding first, then layers 1, 2, ...
+    assert 2 < len(resident) < model.num_layers
+    budget = 0.95 * h200.gpu.memory_bytes
+    assert build_ledger(model, h200, config, resident).peak_bytes("gpu") <= budget
+    one_more = (*resident, len(resident))
+    assert build_ledger(model, h200, config, one_more).peak_bytes("gpu") > budget
+    kinds = [op.kind for op in plan(model, h200, config).graph.ops]
+    assert kinds.count(OpKind.GPU_ADAM) == 3 * len(resident)
+    assert kinds.count(OpKind.ADAM) == 3 * (model.num_layers + 2 - len(resident))
+
+
+def test_resident_auto_keeps_a_small_model_whole(llama8b):
+    """16 B/param x 8.03e9 fits a 141 GB H200 with room for activations: nothing slides."""
+    h200 = load_machine("h200-16c-128g")
+    config = TrainConfig(batch=4, seq=1024, resident="auto")
+    assert len(choose_resident(llama8b, h200, config)) == llama8b.num_layers + 2
+
+
+def test_saved_plan_reloads_equal(llama8b, pc):
+    p = plan(llama8b, pc, TrainConfig(batch=2, seq=128, steps=1, activations="gpu"))
+    again = plan_from_json(plan_to_json(p))
+    assert again.graph == p.graph and again.ledger == p.ledger
+
+
+def test_bad_resident_count(llama8b, pc):
+    with pytest.raises(ValueError, match="resident must be at most 34"):
+        plan(llama8b, pc, TrainConfig(batch=1, seq=64, resident=99))
+
+
+def test_infeasible_plan_reports_tier(pc):
+    model = load_model("qwen2.5-72b")
+    p = plan(model, replace(pc, ram_bytes=128 * 10**9), TrainConfig(batch=16, seq=1024))
+    over = dict(p.ledger.overflows())
+    assert over["cpu"] > 12 * model.total_params - 128 * 10**9 - 1
