@@ -130,7 +130,8 @@ def test_flops_match_kaplan(name):
     forward + backward): N = non-embedding params, counting the LM head matrix (tied or not) as it
     is a matmul and the input embedding not (a lookup); d_attn = heads*head_dim; the attention
     term is already the causal average (n_ctx/2 keys per query, for QK^T and AV each).
-    The brief asks for 2%; the only gap is norm weights and biases, < 0.1%, so 1e-3 is asserted.
+    The brief asks for 2%; the only gap is norm weights and biases (< 0.1% for the real models,
+    0.3% for the 64-wide tiny-llama), so 5e-3 is asserted.
     """
     spec = load_model(name)
     b, s = 2, 1024
@@ -141,7 +142,7 @@ def test_flops_match_kaplan(name):
     n += spec.vocab_size * spec.hidden_size
     d_attn = spec.num_heads * spec.head_dim
     kaplan = 6 * n * tokens + 6 * spec.num_layers * s * d_attn * tokens
-    assert ours == pytest.approx(kaplan, rel=1e-3)
+    assert ours == pytest.approx(kaplan, rel=5e-3)
 
 
 def test_tiny_hand_count():
