@@ -181,23 +181,19 @@ def _common_gpu_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> N
         f"2 x b{b} x s{s} x h{h} x 2 B",
         static=True,
     )
+    # One scratch slot serves the layers' transient activations and the fused loss: both run on
+    # the `gpu` lane, one at a time, so they never coexist.
+    layer = model.layer_transient_bytes(b, s)
+    chunk = lce_chunk_tokens(model, config)
+    lce = model.logits_bytes(b, s, fused=True, chunk_tokens=chunk) + model.vocab_size * h * FP32
     terms.add(
         "gpu_workspace",
         Tier.GPU,
         1,
-        model.layer_transient_bytes(b, s),
-        "layer transient activations",
-        f"one layer's recompute+backward at b{b} s{s}",
-    )
-    chunk = lce_chunk_tokens(model, config)
-    lce = model.logits_bytes(b, s, fused=True, chunk_tokens=chunk) + model.vocab_size * h * FP32
-    terms.add(
-        "gpu_lce",
-        Tier.GPU,
-        1,
-        lce,
-        "fused LCE workspace",
-        f"{chunk}-token fp32 logits+grad chunk + fp32 LM-head grad accumulator",
+        max(layer, lce),
+        "compute workspace (layer or fused LCE)",
+        f"max(one layer's recompute+backward at b{b} s{s} = {layer / 1e9:.2f} GB, "
+        f"{chunk}-token fp32 logits+grad chunk + fp32 LM-head grad = {lce / 1e9:.2f} GB)",
     )
 
 

@@ -108,7 +108,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         layer=n + 1,
         work=Work(flops=m.head_fwd_flops(*bs) + m.head_bwd_flops(*bs)),
         deps=[ctx.weights_ready.get(n + 1)],
-        scratch=["gpu_lce"],
+        scratch=["gpu_workspace"],
         release=[ctx.act_gpu.pop(n + 1)],
     )
 
