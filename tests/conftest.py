@@ -16,7 +16,7 @@ except ImportError:  # planning and simulating need no torch
 if not _has_cuda:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

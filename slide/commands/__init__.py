@@ -1,5 +1,15 @@
 """Subcommands of `slide`, in the order `slide --help` lists them."""
 
-from slide.commands import machines, models, plan
+from slide.commands import (
+    capacity,
+    compare,
+    critical_batch,
+    demo,
+    machines,
+    models,
+    plan,
+    simulate,
+    sweep,
+)
 
-COMMANDS = (plan, models, machines)
+COMMANDS = (demo, plan, simulate, sweep, critical_batch, capacity, compare, models, machines)

@@ -1,0 +1,78 @@
+"""`slide capacity`: the largest model a machine can fine-tune, per placement of the optimizer
+state and activations (CPU RAM or NVMe). Fitting is decided by the memory ledger alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from simulator.capacity import capacity, placements
+from slide.commands.common import DEFAULT_MACHINE, add_machine_overrides
+from slide_ir.config import ACTIVATION_PLACES, OPTIMIZER_PLACES, TrainConfig
+from slide_ir.hardware import load_machine
+
+NAME = "capacity"
+HELP = "largest model (catalog, and along each family's depth scaling) that fits a machine"
+GB = 1e9
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--machine",
+        default=DEFAULT_MACHINE,
+        help=f"catalog name or .toml profile [{DEFAULT_MACHINE}]",
+    )
+    add_machine_overrides(parser)
+    parser.add_argument("--batch", type=int, default=1, help="micro-batch size [1]")
+    parser.add_argument("--seq", type=int, default=1024, help="sequence length [1024]")
+    parser.add_argument(
+        "--activations",
+        choices=ACTIVATION_PLACES,
+        help="only this activation placement [every useful one]",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZER_PLACES,
+        help="only this optimizer placement [every useful one]",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    machine = load_machine(args.machine, ram_gb=args.ram_gb, nvme=args.nvme)
+    wanted = [
+        (a, o)
+        for a, o in placements(machine)
+        if (args.activations in (None, a)) and (args.optimizer in (None, o))
+    ]
+    if not wanted:
+        wanted = [(args.activations or "cpu", args.optimizer or "cpu")]
+    results = [
+        capacity(machine, TrainConfig(batch=args.batch, seq=args.seq, activations=a, optimizer=o))
+        for a, o in wanted
+    ]
+    out = {"machine": machine.name, "batch": args.batch, "seq": args.seq, "placements": results}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(render(out))
+    return 0
+
+
+def render(out: dict[str, Any]) -> str:
+    lines = [f"{out['machine']}: batch {out['batch']} x seq {out['seq']}"]
+    for r in out["placements"]:
+        best = r["largest_model"] or "none"
+        lines.append(
+            f"\nactivations on {r['activations']}, optimizer on {r['optimizer']}: "
+            f"largest catalog model {best} ({r['largest_model_params'] / 1e9:.1f} B)"
+        )
+        for name, f in r["families"].items():
+            member = f["largest_member"] or "none"
+            lines.append(
+                f"  {name:14s} largest member {member:16s} depth-scaled "
+                f"{f['scaled_from']} to {f['scaled_layers']} layers: "
+                f"{f['scaled_params'] / 1e9:.1f} B params"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""`slide simulate`: plan, simulate a few steps, report throughput, eta and the bottleneck.
+
+Exit status 1 (with the ledger's overflow and suggestions) when the configuration does not fit:
+an infeasible plan is reported, never simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from simulator.run import SimResult, simulate_plan
+from slide.commands.common import add_model_machine, add_train_config, load_inputs, train_config
+from slide.fileio import write_atomic
+from slide.report import render_plan
+from slide_ir.trace import to_chrome_trace
+
+NAME = "simulate"
+HELP = "simulate a fine-tuning run: step time, tokens/s, eta, bottleneck, memory over time"
+GB = 1e9
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_machine(parser)
+    add_train_config(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the run")
+    parser.add_argument(
+        "--gantt-zoom",
+        default="auto",
+        help="'all', a step number, or 'auto' (one step for deep models) [auto]",
+    )
+    parser.add_argument("--trace", metavar="JSON", help="write a Chrome trace (open in Perfetto)")
+    parser.add_argument("--save-trace", metavar="JSON", help="write the Trace in Slide's format")
+
+
+def run(args: argparse.Namespace) -> int:
+    model, machine = load_inputs(args)
+    zoom = _zoom(args.gantt_zoom)
+    result = simulate_plan(model, machine, train_config(args))
+    if result.trace is not None:
+        _write_outputs(args, result, zoom)
+    if args.json:
+        print(json.dumps(result.summary(), indent=2))
+    elif result.feasible:
+        print(render_result(result))
+    else:
+        print(render_plan(result.plan))
+    for kind, path in (
+        ("Gantt chart", args.gantt),
+        ("Chrome trace", args.trace),
+        ("trace", args.save_trace),
+    ):
+        if path and result.trace is not None and not args.json:
+            print(f"{kind} written to {path}")
+    return 0 if result.feasible else 1
+
+
+def _zoom(text: str) -> str | int:
+    if text in ("all", "auto"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"--gantt-zoom must be 'all', 'auto' or a step number, got {text!r}"
+        ) from None
+
+
+def _write_outputs(args: argparse.Namespace, result: SimResult, zoom: str | int) -> None:
+    assert result.trace is not None
+    if args.trace:
+        write_atomic(args.trace, json.dumps(to_chrome_trace(result.trace)))
+    if args.save_trace:
+        write_atomic(args.save_trace, result.trace.to_json())
+    if args.gantt:
+        from slide.gantt import plot_gantt  # matplotlib only when a picture is asked for
+
+        plot_gantt(result.trace, args.gantt, zoom=zoom)
+
+
+def render_result(result: SimResult) -> str:
+    s = result.summary()
+    eta = "n/a (nothing offloaded)" if s["eta"] is None else f"{s['eta']:.2f}"
+    util = ", ".join(f"{lane} {u:.0%}" for lane, u in s["lane_util"].items())
+    path = ", ".join(f"{lane} {t:.3g} s" for lane, t in s["critical_path_s"].items())
+    mem = ", ".join(f"{t} {b / GB:.1f} GB" for t, b in s["memory"].items() if b)
+    return "\n".join(
+        [
+            f"{s['model']} on {s['machine']} ({s['schedule']}): batch {s['batch']} x seq {s['seq']}",
+            f"step time      {s['step_time_s']:.3f} s (first step {s['first_step_s']:.3f} s)",
+            f"throughput     {s['tokens_per_s']:,.0f} tokens/s, {s['tflops']:.1f} TFLOP/s model "
+            f"({s['tflops_6n']:.1f} at 6N, {s['tflops_8n']:.1f} at 8N)",
+            f"compute-only   {s['compute_only_tokens_per_s']:,.0f} tokens/s "
+            f"({s['tokens_per_s'] / s['compute_only_tokens_per_s']:.0%} reached)",
+            f"eta            {eta}: T_bwd {s['t_bwd_s'] * 1e3:.1f} ms, T_d2h {s['t_d2h_s'] * 1e3:.1f} ms,"
+            f" T_update {s['t_update_s'] * 1e3:.1f} ms per layer",
+            f"utilisation    {util}; GPU in backward {s['gpu_bwd_util']:.0%}",
+            f"bottleneck     {s['bottleneck']} (critical path: {path})",
+            f"peak memory    {mem}",
+        ]
+    )

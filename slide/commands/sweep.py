@@ -1,0 +1,138 @@
+"""`slide sweep`: throughput, eta and memory over a grid of batches, models, drives, schedules.
+
+Every comma list is one axis (`--batch 1,2,4,8`, `--model qwen2.5-3b,qwen2.5-7b`, `--nvme 1,2,4`,
+`--schedules sliding,zero-offload`); the grid is their product. Prints a table (or JSON) and
+writes a plot against the first axis with more than one value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from dataclasses import replace
+from typing import Any
+
+from simulator.run import simulate_plan
+from slide.commands.common import DEFAULT_MACHINE, DEFAULT_MODEL, add_train_config, train_config
+from slide_ir.config import SCHEDULES
+from slide_ir.hardware import load_machine
+from slide_ir.model import load_model
+
+NAME = "sweep"
+HELP = "simulate a grid of batches / models / NVMe drives / schedules: table and plot"
+GB = 1e9
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"comma list of models [{DEFAULT_MODEL}]"
+    )
+    parser.add_argument("--machine", default=DEFAULT_MACHINE, help=f"machine [{DEFAULT_MACHINE}]")
+    parser.add_argument("--ram-gb", type=float, help="override the machine's usable DRAM (GB)")
+    parser.add_argument("--nvme", help="comma list of NVMe drive counts (overrides the machine)")
+    parser.add_argument("--batch", default="1,2,4,8,16,32,64", help="comma list [1,2,4,8,16,32,64]")
+    add_train_config(parser, batch=False)
+    parser.add_argument("--schedules", help=f"comma list of schedules ({', '.join(SCHEDULES)})")
+    parser.add_argument("--plot", metavar="PNG", default="sweep.png", help="plot file [sweep.png]")
+    parser.add_argument("--no-plot", action="store_true", help="write no plot")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def int_list(name: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--{name} must be a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise ValueError(f"--{name} must be a comma list of integers >= 0, got {text!r}")
+    return values
+
+
+def _axes(args: argparse.Namespace) -> dict[str, list[Any]]:
+    schedules = args.schedules.split(",") if args.schedules else [args.schedule]
+    for s in schedules:
+        if s not in SCHEDULES:
+            raise ValueError(f"--schedules: each must be one of {', '.join(SCHEDULES)}; got {s!r}")
+    return {
+        "batch": int_list("batch", args.batch),
+        "model": [m for m in args.model.split(",") if m],
+        "nvme_drives": int_list("nvme", args.nvme) if args.nvme else [None],
+        "schedule": schedules,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    axes = _axes(args)
+    models = {m: load_model(m) for m in axes["model"]}
+    machines = {
+        n: load_machine(args.machine, ram_gb=args.ram_gb, nvme=n) for n in axes["nvme_drives"]
+    }
+    base = train_config(args, batch=axes["batch"][0])
+    rows = []
+    for model, drives, schedule, batch in itertools.product(
+        axes["model"], axes["nvme_drives"], axes["schedule"], axes["batch"]
+    ):
+        config = replace(base, batch=batch, schedule=schedule)
+        row = simulate_plan(models[model], machines[drives], config).summary()
+        rows.append({"nvme_drives": drives, **row})
+    x = next(
+        (k for k in ("batch", "model", "nvme_drives", "schedule") if len(axes[k]) > 1), "batch"
+    )
+    varying = [k for k in ("model", "schedule", "nvme_drives") if k != x and len(axes[k]) > 1]
+    for r in rows:
+        r["series"] = " ".join(f"{r[k]}" for k in varying)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(render_table(rows))
+    if not args.no_plot:
+        from slide.gantt import plot_sweep
+
+        plot_sweep(
+            rows,
+            args.plot,
+            x=x,
+            series="series" if varying else None,
+            title=f"{args.machine}: seq {args.seq}",
+        )
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+COLUMNS = (
+    "model",
+    "schedule",
+    "nvme_drives",
+    "batch",
+    "step_time_s",
+    "tokens_per_s",
+    "compute_only_tokens_per_s",
+    "eta",
+    "gpu_util",
+    "bottleneck",
+    "gpu_gb",
+    "cpu_gb",
+)
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    lines = [" ".join(f"{c:>14s}" for c in COLUMNS)]
+    for r in rows:
+        cells = {**r, "gpu_gb": r["ledger"]["gpu"] / GB, "cpu_gb": r["ledger"]["cpu"] / GB}
+        if not r["feasible"]:
+            over = ", ".join(f"{o['tier']} +{o['bytes_over'] / GB:.1f} GB" for o in r["overflows"])
+            lead = " ".join(_cell(cells.get(c)) for c in COLUMNS[:4])
+            lines.append(f"{lead} {'does not fit: ' + over:>14s}")
+            continue
+        lines.append(" ".join(_cell(cells.get(c)) for c in COLUMNS))
+    return "\n".join(lines)
+
+
+def _cell(v: object) -> str:
+    if v is None:
+        return f"{'-':>14s}"
+    if isinstance(v, float):
+        return f"{v:>14.3f}" if v < 100 else f"{v:>14,.0f}"
+    return f"{v!s:>14s}"

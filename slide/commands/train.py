@@ -1,0 +1,110 @@
+"""`slide train`: fine-tune a model from the planner's Graph with the executor.
+
+Everything the user can get wrong (model, machine, data, plan feasibility, resume mismatch) is
+checked before the model's weights are touched. The final checkpoint is HF format, written
+atomically; Ctrl-C finishes the step in flight and saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from slide.commands.common import add_machine_overrides, add_train_config, train_config
+from slide.errors import UserError
+from slide.training import TrainRequest, run_training
+from slide_ir.planner import plan_from_json
+
+NAME = "train"
+HELP = "fine-tune all parameters of a model on one GPU (or the CPU), sliding its layers"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="tiny-llama",
+        help="catalog name, or a directory with config.json (+ safetensors) [tiny-llama]",
+    )
+    parser.add_argument(
+        "--machine",
+        default="auto",
+        help="'auto' (detect this host), a catalog name or a .toml profile [auto]",
+    )
+    add_machine_overrides(parser)
+    add_train_config(parser)
+    parser.set_defaults(steps=20, batch=4, seq=128)
+    parser.add_argument("--plan", help="run a saved plan (slide plan --out); overrides the above")
+    parser.add_argument(
+        "--data", help="JSONL, text (needs --tokenizer) or 1-D token-id .npy [bundled corpus]"
+    )
+    parser.add_argument("--tokenizer", help="local HF tokenizer directory for text/JSONL data")
+    parser.add_argument("--no-shuffle", action="store_true", help="take samples in file order")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="[cuda if available]")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="compute dtype [bfloat16 on cuda, float32 on cpu]",
+    )
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="cosine")
+    parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--betas", default="0.9,0.999", help="Adam betas as b1,b2 [0.9,0.999]")
+    parser.add_argument("--eps", type=float, default=1e-8)
+    parser.add_argument("--clip", default="none", help="gradient clipping: none [none]")
+    parser.add_argument("--out", help="directory for the final HF checkpoint")
+    parser.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps")
+    parser.add_argument("--resume", help="checkpoint directory written by slide train")
+    parser.add_argument("--metrics", help="write one JSON object per step to this .jsonl file")
+    parser.add_argument("--trace", help="write the measured Chrome trace JSON here")
+    parser.add_argument("--gantt", help="write the measured Gantt chart PNG here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    request = TrainRequest(
+        model=args.model,
+        machine=args.machine,
+        ram_gb=args.ram_gb,
+        nvme=args.nvme,
+        config=train_config(args) if not args.plan else _saved_config(args.plan),
+        data=args.data,
+        tokenizer=args.tokenizer,
+        shuffle=not args.no_shuffle,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        lr=args.lr,
+        lr_schedule=args.lr_schedule,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        betas=_betas(args.betas),
+        eps=args.eps,
+        clip=args.clip,
+        out=args.out,
+        save_every=args.save_every,
+        resume=args.resume,
+        metrics=args.metrics,
+        trace=args.trace,
+        gantt=args.gantt,
+        progress=not args.no_progress,
+    )
+    summary = run_training(request)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _betas(text: str) -> tuple[float, float]:
+    try:
+        b1, b2 = (float(x) for x in text.split(","))
+    except ValueError:
+        raise UserError(f"--betas must be two numbers like 0.9,0.999, got {text!r}") from None
+    return b1, b2
+
+
+def _saved_config(path: str):  # type: ignore[no-untyped-def]
+    if not Path(path).is_file():
+        raise UserError(f"plan file {path} does not exist")
+    return plan_from_json(Path(path).read_text()).config

@@ -1,0 +1,232 @@
+"""Pictures of traces and sweeps (matplotlib, Agg: files only, no display needed).
+
+`plot_gantt` draws any `Trace`, predicted or measured, the same way: one row per lane (gpu, h2d,
+d2h, cpu, nvme0..k), ops coloured by kind, layer numbers on bars wide enough to hold them, the
+steady-state step shaded, and below it one memory-over-time panel per tier. Deep models (88
+layers x 9 ops x 3 steps) are unreadable in full, so by default a trace of more than
+`ZOOM_LAYERS` decoder layers is zoomed to its first steady step (`zoom="all"` draws everything).
+
+`plot_sweep` draws throughput against a swept variable, with the compute-only peak and eta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+from slide_ir.trace import Span, Trace, lane_order
+
+ZOOM_LAYERS = 32
+GIB = 2**30
+KIND_COLOURS = {
+    "fwd": "#4c72b0",
+    "recompute": "#8fa8d8",
+    "bwd": "#dd8452",
+    "loss": "#937860",
+    "h2d_param": "#55a868",
+    "act_load": "#a6d8a0",
+    "d2h_grad": "#c44e52",
+    "act_save": "#f0a0a0",
+    "adam": "#8172b3",
+    "gpu_adam": "#b07cc6",
+    "cast": "#c9b3e6",
+    "grad_accum": "#da8bc3",
+    "nvme_read": "#ccb974",
+    "nvme_write": "#64b5cd",
+}
+TIER_ORDER = ("gpu", "pinned", "cpu", "nvme")
+
+
+def step_window(trace: Trace, step: int) -> tuple[float, float]:
+    """[end of step-1, end of step]: the period a step occupies."""
+    ends: dict[int, float] = {}
+    for s in trace.spans:
+        ends[s.step] = max(ends.get(s.step, s.end), s.end)
+    if step not in ends:
+        raise ValueError(f"step must be one of {sorted(ends)}, got {step}")
+    start = ends.get(step - 1, min(s.start for s in trace.spans))
+    return start, ends[step]
+
+
+def _steady_step(trace: Trace) -> int:
+    steps = trace.steps()
+    return next((s for s in steps if s >= 2), steps[0])
+
+
+def plot_gantt(
+    trace: Trace,
+    path: str | Path,
+    *,
+    zoom: str | int = "auto",
+    title: str | None = None,
+) -> Path:
+    """Write a Gantt chart of `trace` to `path` (PNG, SVG, PDF by suffix).
+
+    `zoom`: "all" (whole run), a step number, or "auto" (the first steady step for deep models).
+    """
+    steady = _steady_step(trace)
+    if zoom == "auto":
+        zoom = steady if trace.info.num_layers > ZOOM_LAYERS and len(trace.steps()) > 1 else "all"
+    if zoom == "all":
+        lo, hi = min(s.start for s in trace.spans), max(s.end for s in trace.spans)
+    else:
+        lo, hi = step_window(trace, int(zoom))
+    tiers = [t for t in TIER_ORDER if any(m.tier == t for m in trace.memory)]
+    fig, axes = plt.subplots(
+        1 + len(tiers),
+        1,
+        sharex=True,
+        figsize=(16, 3.2 + 1.1 * len(tiers) + 0.35 * len(trace.lanes())),
+        gridspec_kw={"height_ratios": [max(2, len(trace.lanes()))] + [1.2] * len(tiers)},
+        squeeze=False,
+    )
+    _draw_lanes(axes[0][0], trace, lo, hi, fig)
+    if len(trace.steps()) > 1:
+        a, b = step_window(trace, steady)
+        for row in axes:
+            row[0].axvspan(a, b, color="#999999", alpha=0.12, zorder=0)
+        axes[0][0].text(a, -0.6, f" steady step {steady}", va="bottom", fontsize=8, color="#555")
+    for ax_row, tier in zip(axes[1:], tiers, strict=True):
+        _draw_memory(ax_row[0], trace, tier, lo, hi)
+    axes[-1][0].set_xlabel("time (s)")
+    axes[-1][0].set_xlim(lo, hi)
+    info = trace.info
+    axes[0][0].set_title(
+        title
+        or f"{info.schedule}: {info.model} on {info.machine}, batch {info.batch} x seq {info.seq}"
+        + ("" if zoom == "all" else f" (step {zoom})")
+    )
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _draw_lanes(ax: plt.Axes, trace: Trace, lo: float, hi: float, fig: plt.Figure) -> None:
+    lanes = lane_order(trace.lanes())
+    row = {lane: i for i, lane in enumerate(lanes)}
+    visible = [s for s in trace.spans if s.end >= lo and s.start <= hi]
+    by_kind: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for s in visible:
+        by_kind.setdefault((s.lane, s.kind), []).append((s.start, s.duration))
+    for (lane, kind), bars in by_kind.items():
+        colour = KIND_COLOURS.get(kind, "#777777")
+        ax.broken_barh(bars, (row[lane] - 0.4, 0.8), facecolors=colour, edgecolor="white", lw=0.3)
+    _label_layers(ax, visible, row, hi - lo, fig)
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_ylim(len(lanes) - 0.5, -0.7)
+    kinds = [k for k in KIND_COLOURS if any(s.kind == k for s in visible)]
+    ax.legend(
+        handles=[Patch(color=KIND_COLOURS[k], label=k) for k in kinds],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+        frameon=False,
+    )
+
+
+def _label_layers(
+    ax: plt.Axes, spans: Sequence[Span], row: dict[str, int], span_s: float, fig: plt.Figure
+) -> None:
+    """Write `L12` on a bar when it is wide enough at this zoom (about 6 px per character)."""
+    if span_s <= 0:
+        return
+    px_per_s = fig.get_figwidth() * fig.dpi * 0.8 / span_s
+    for s in spans:
+        label = f"L{s.layer}"
+        if s.duration * px_per_s > 6.5 * len(label) + 4:
+            ax.text(
+                s.start + s.duration / 2,
+                row[s.lane],
+                label,
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white",
+                clip_on=True,
+            )
+
+
+def _draw_memory(ax: plt.Axes, trace: Trace, tier: str, lo: float, hi: float) -> None:
+    samples = sorted((m.time, m.bytes) for m in trace.memory if m.tier == tier)
+    times = [t for t, _ in samples] + [max(hi, samples[-1][0])]
+    values = [b / GIB for _, b in samples]
+    ax.stairs(values, times, fill=True, color="#4c72b0", alpha=0.5)
+    peak = max(values)
+    ax.set_ylabel(f"{tier}\nGiB", fontsize=8)
+    ax.set_ylim(0, peak * 1.15 if peak > 0 else 1)
+    ax.text(
+        0.995, 0.9, f"peak {peak:.2f} GiB", transform=ax.transAxes, ha="right", va="top", fontsize=8
+    )
+
+
+def plot_sweep(
+    points: Sequence[dict[str, object]],
+    path: str | Path,
+    *,
+    x: str = "batch",
+    series: str | None = None,
+    title: str = "",
+) -> Path:
+    """Tokens/s (solid) and the compute-only peak (dashed) against `x`, eta on a second axis.
+
+    `points`: rows as `simulator.analyses` returns them (infeasible rows are skipped); `series`
+    names a row key whose values get one line each (a model, a schedule).
+    """
+    rows = [p for p in points if p.get("feasible")]
+    groups: dict[str, list[dict[str, object]]] = {}
+    for p in rows:
+        groups.setdefault(str(p.get(series, "")) if series else "", []).append(p)
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    eta_ax = ax.twinx()
+    xs_all = list(dict.fromkeys(p[x] for p in rows))
+    numeric = _numeric(xs_all)
+    where = {v: (v if numeric else i) for i, v in enumerate(xs_all)}
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, group) in enumerate(groups.items()):
+        c = colours[i % len(colours)]
+        pos = [where[p[x]] for p in group]
+        name = f"{label} " if label else ""
+        ax.plot(pos, [p["tokens_per_s"] for p in group], "o-", color=c, label=f"{name}tokens/s")
+        ax.plot(
+            pos,
+            [p["compute_only_tokens_per_s"] for p in group],
+            "--",
+            color=c,
+            alpha=0.6,
+            label=f"{name}compute-only peak",
+        )
+        etas = [min(float(p["eta"]), 10.0) if p.get("eta") is not None else None for p in group]
+        eta_ax.plot(
+            [q for q, e in zip(pos, etas, strict=True) if e is not None],
+            [e for e in etas if e is not None],
+            "s:",
+            color=c,
+            alpha=0.7,
+            ms=3,
+        )
+    eta_ax.axhline(1.0, color="#c44e52", lw=0.6)
+    eta_ax.set_ylabel("eta = T_bwd / (T_d2h + T_update)  (dotted)")
+    ax.set_xlabel(x)
+    ax.set_ylabel("tokens / s")
+    if numeric and len(xs_all) > 1 and min(xs_all) > 0 and max(xs_all) / min(xs_all) > 8:  # type: ignore[operator]
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(list(where.values()), [str(v) for v in xs_all], rotation=0 if numeric else 30)
+    ax.legend(loc="upper left", fontsize=7)
+    ax.set_title(title)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _numeric(values: Sequence[object]) -> bool:
+    return all(isinstance(v, int | float) for v in values)

@@ -1,0 +1,203 @@
+"""CostModel: an op's physical work (FLOPs, bytes, elements) and a machine's rates -> seconds.
+
+Roofline style, one handler per `OpKind` (a test checks the table covers every kind):
+
+- GPU compute (fwd, recompute, bwd, loss): max(FLOPs / achieved BF16 matmul rate, bytes / HBM
+  bandwidth), the second term only when the planner gives the op bytes;
+- `gpu_adam`: memory bound, bytes touched / HBM bandwidth;
+- transfers on `h2d`/`d2h`: bytes / the link's *duplex* rate (each way, both directions busy). The
+  sliding schedule overlaps uploads with downloads during backward, where they matter most; using
+  the duplex rate for every transfer is the simple, slightly pessimistic choice (the forward
+  phase's lone uploads run a little faster on a real link);
+- `adam`: elements / the CPU's Adam rate at `work.bytes // work.elements` bytes per element
+  (28 for FP32 weights + grads + moments: the rate is memory-bandwidth bound);
+- `cast`: elements / the CPU's FP32 -> BF16 cast rate;
+- `grad_accum`: bytes touched / the CPU's DRAM bandwidth (a streaming add, memory bound);
+- NVMe: bytes / the lane's drive rate (`nvme0` is drive 0, ...).
+
+Every rate is multiplied by a named efficiency factor (`Efficiency`) that `slide calibrate` fits
+from measured traces; each op also pays a fixed `launch_s` (kernel launch / copy setup / thread
+hand-off) so that thousands of tiny ops are not free. The machine is read through attributes only
+(`machine.gpu.bf16_matmul_tflops`, ...), so any object shaped like `slide_ir.hardware.Machine`
+works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slide_ir.graph import Op, OpKind
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Efficiency:
+    """Multipliers on the machine's rates (1.0: the profile's figure as is) and fixed latencies."""
+
+    matmul: float = 1.0  # on gpu.bf16_matmul_tflops (already an achieved, not peak, rate)
+    hbm: float = 1.0  # on gpu.hbm_bytes_per_s
+    link: float = 1.0  # on link.duplex_bytes_per_s
+    adam: float = 1.0  # on cpu.adam_elems_per_s
+    cast: float = 1.0  # on cpu.cast_elems_per_s
+    dram: float = 1.0  # on cpu.dram_bytes_per_s (streaming element-wise CPU work)
+    nvme: float = 1.0  # on each drive's read/write rate
+    launch_s: float = 10e-6  # fixed cost of every op
+
+    def __post_init__(self) -> None:
+        for name in ("matmul", "hbm", "link", "adam", "cast", "dram", "nvme"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Efficiency.{name} must be > 0, got {getattr(self, name)}")
+        if self.launch_s < 0:
+            raise ValueError(f"Efficiency.launch_s must be >= 0, got {self.launch_s}")
+
+
+Handler = Callable[["CostModel", Op], float]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Rates:
+    """The machine's rates with efficiencies applied, resolved once (in units per second)."""
+
+    flops: float
+    hbm: float
+    link: float
+    adam: Callable[[int], float]  # bytes per element -> elements/s
+    cast: float
+    dram: float
+    nvme_read: tuple[float, ...]
+    nvme_write: tuple[float, ...]
+
+
+class CostModel:
+    """(op) -> seconds for one machine. Stateless after construction."""
+
+    __slots__ = ("efficiency", "machine", "rates", "threads")
+
+    def __init__(
+        self, machine: Any, *, cpu_threads: int | None = None, efficiency: Efficiency | None = None
+    ) -> None:
+        self.machine = machine
+        self.threads = cpu_threads
+        self.efficiency = efficiency or Efficiency()
+        self.rates = _resolve(machine, cpu_threads, self.efficiency)
+
+    def seconds(self, op: Op) -> float:
+        return self.efficiency.launch_s + HANDLERS[op.kind](self, op)
+
+    def describe(self) -> dict[str, object]:
+        """Rates as used, for a trace's `meta` (what produced these predictions)."""
+        r = self.rates
+        return {
+            "matmul_flops_per_s": r.flops,
+            "hbm_bytes_per_s": r.hbm,
+            "link_bytes_per_s": r.link,
+            "adam_elems_per_s_fp32": r.adam(28),
+            "cast_elems_per_s": r.cast,
+            "dram_bytes_per_s": r.dram,
+            "nvme_read_bytes_per_s": list(r.nvme_read),
+            "nvme_write_bytes_per_s": list(r.nvme_write),
+            "cpu_threads": self.threads,
+            "launch_s": self.efficiency.launch_s,
+        }
+
+
+def _resolve(machine: Any, threads: int | None, eff: Efficiency) -> _Rates:
+    gpu, link, cpu = machine.gpu, machine.link, machine.cpu
+    drives = tuple(getattr(machine, "nvme", ()) or ())
+    adam_cache: dict[int, float] = {}
+
+    def adam(bytes_per_elem: int) -> float:
+        if bytes_per_elem not in adam_cache:
+            rate = cpu.adam_elems_per_s(threads=threads, bytes_per_elem=bytes_per_elem)
+            adam_cache[bytes_per_elem] = rate * eff.adam
+        return adam_cache[bytes_per_elem]
+
+    return _Rates(
+        flops=gpu.bf16_matmul_tflops * 1e12 * eff.matmul,
+        hbm=gpu.hbm_bytes_per_s * eff.hbm,
+        link=link.duplex_bytes_per_s * eff.link,
+        adam=adam,
+        cast=_cast_rate(cpu, threads) * eff.cast,
+        dram=cpu.dram_bytes_per_s * eff.dram,
+        nvme_read=tuple(d.read_bytes_per_s * eff.nvme for d in drives),
+        nvme_write=tuple(d.write_bytes_per_s * eff.nvme for d in drives),
+    )
+
+
+def _cast_rate(cpu: Any, threads: int | None) -> float:
+    return float(cpu.cast_elems_per_s(threads=threads))
+
+
+# -- handlers -----------------------------------------------------------------------------------
+def _gpu_compute(cm: CostModel, op: Op) -> float:
+    return max(op.work.flops / cm.rates.flops, op.work.bytes / cm.rates.hbm)
+
+
+def _gpu_adam(cm: CostModel, op: Op) -> float:
+    return op.work.bytes / cm.rates.hbm
+
+
+def _transfer(cm: CostModel, op: Op) -> float:
+    return op.work.bytes / cm.rates.link
+
+
+def _adam(cm: CostModel, op: Op) -> float:
+    if op.work.elements == 0:
+        return 0.0
+    per_elem = max(1, op.work.bytes // op.work.elements) if op.work.bytes else 28
+    return op.work.elements / cm.rates.adam(per_elem)
+
+
+def _cast(cm: CostModel, op: Op) -> float:
+    return op.work.elements / cm.rates.cast
+
+
+def _grad_accum(cm: CostModel, op: Op) -> float:
+    return op.work.bytes / cm.rates.dram
+
+
+def _nvme_read(cm: CostModel, op: Op) -> float:
+    return op.work.bytes / _drive(cm.rates.nvme_read, op)
+
+
+def _nvme_write(cm: CostModel, op: Op) -> float:
+    return op.work.bytes / _drive(cm.rates.nvme_write, op)
+
+
+def _drive(rates: tuple[float, ...], op: Op) -> float:
+    index = int(op.lane[len("nvme") :] or 0)
+    if index >= len(rates):
+        raise ValueError(
+            f"op {op.id}: lane {op.lane} needs NVMe drive {index}, the machine has {len(rates)}"
+        )
+    return rates[index]
+
+
+HANDLERS: Mapping[OpKind, Handler] = {
+    OpKind.FWD: _gpu_compute,
+    OpKind.RECOMPUTE: _gpu_compute,
+    OpKind.BWD: _gpu_compute,
+    OpKind.LOSS: _gpu_compute,
+    OpKind.H2D_PARAM: _transfer,
+    OpKind.D2H_GRAD: _transfer,
+    OpKind.ADAM: _adam,
+    OpKind.GPU_ADAM: _gpu_adam,
+    OpKind.CAST: _cast,
+    OpKind.GRAD_ACCUM: _grad_accum,
+    OpKind.ACT_SAVE: _transfer,
+    OpKind.ACT_LOAD: _transfer,
+    OpKind.NVME_READ: _nvme_read,
+    OpKind.NVME_WRITE: _nvme_write,
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FixedCosts:
+    """Seconds per op id (default for the rest): for hand-written schedules and tests."""
+
+    seconds_by_id: Mapping[str, float] = field(default_factory=dict)
+    default: float = 1.0
+
+    def seconds(self, op: Op) -> float:
+        return self.seconds_by_id.get(op.id, self.default)

@@ -1,0 +1,225 @@
+"""`slide simulate`, `sweep`, `critical-batch`, `capacity`, `compare` through `main([...])`."""
+
+import json
+
+import pytest
+
+from slide.cli import main
+from slide_ir.trace import Trace
+
+SMALL = ("--model", "qwen2.5-3b", "--machine", "paper-pc-4090", "--seq", "512")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_simulate_json_has_the_documented_keys(capsys):
+    code, out, _ = run(capsys, "simulate", *SMALL, "--batch", "8", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    for key in (
+        "step_time_s",
+        "tokens_per_s",
+        "tflops",
+        "eta",
+        "t_bwd_s",
+        "t_d2h_s",
+        "t_update_s",
+        "gpu_util",
+        "bottleneck",
+        "memory",
+        "feasible",
+    ):
+        assert key in doc, key
+    assert doc["feasible"] is True
+    assert set(doc["memory"]) == {"gpu", "cpu", "nvme"}
+    assert doc["eta"] == pytest.approx(doc["t_bwd_s"] / (doc["t_d2h_s"] + doc["t_update_s"]))
+    assert doc["tokens_per_s"] == pytest.approx(8 * 512 / doc["step_time_s"])
+
+
+def test_simulate_writes_gantt_and_chrome_trace(capsys, tmp_path):
+    gantt, chrome, saved = tmp_path / "g.png", tmp_path / "t.json", tmp_path / "trace.json"
+    code, out, _ = run(
+        capsys,
+        "simulate",
+        *SMALL,
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+        "--gantt",
+        str(gantt),
+        "--trace",
+        str(chrome),
+        "--save-trace",
+        str(saved),
+    )
+    assert code == 0
+    assert "eta" in out and "bottleneck" in out and f"written to {gantt}" in out
+    assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    events = json.loads(chrome.read_text())["traceEvents"]
+    assert {e["args"]["name"] for e in events if e["name"] == "thread_name"} >= {"gpu", "cpu"}
+    assert Trace.from_json(saved.read_text()).info.model == "qwen2.5-3b"
+
+
+def test_infeasible_is_reported_not_simulated(capsys):
+    code, out, _ = run(
+        capsys, "simulate", "--model", "qwen2.5-72b", "--machine", "paper-pc-4090", "--json"
+    )
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["feasible"] is False and "step_time_s" not in doc
+    assert {o["tier"] for o in doc["overflows"]} >= {"cpu"}
+    assert all(o["bytes_over"] > 0 for o in doc["overflows"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("simulate", "--model", "nope-7b"), "unknown model 'nope-7b'"),
+        (("simulate", "--batch", "0"), "batch must be a positive integer"),
+        (("simulate", "--gantt-zoom", "x"), "--gantt-zoom must be"),
+        (("sweep", "--batch", "1,x"), "--batch must be a comma list of integers"),
+        (("sweep", "--schedules", "fast"), "--schedules: each must be one of"),
+        (("compare", "--model", "qwen2.5-3b"), "give at least one --machine"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_sweep_table_and_plot(capsys, tmp_path):
+    plot = tmp_path / "sweep.png"
+    code, out, _ = run(
+        capsys,
+        "sweep",
+        *SMALL,
+        "--batch",
+        "2,8",
+        "--steps",
+        "2",
+        "--schedules",
+        "sliding,zero-offload",
+        "--plot",
+        str(plot),
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert "tokens_per_s" in lines[0] and len([x for x in lines if "qwen2.5-3b" in x]) == 4
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sweep_json_over_nvme_drives(capsys):
+    code, out, _ = run(
+        capsys,
+        "sweep",
+        *SMALL,
+        "--batch",
+        "8",
+        "--nvme",
+        "1,2",
+        "--optimizer",
+        "nvme",
+        "--steps",
+        "2",
+        "--json",
+        "--no-plot",
+    )
+    assert code == 0
+    rows = json.loads(out)
+    assert [r["nvme_drives"] for r in rows] == [1, 2]
+    assert rows[1]["tokens_per_s"] > rows[0]["tokens_per_s"]
+
+
+def test_critical_batch_json(capsys):
+    code, out, _ = run(capsys, "critical-batch", *SMALL, "--steps", "2", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    cb = doc["critical_batch"]
+    assert cb is not None and cb >= 1
+    points = {p["batch"]: p for p in doc["points"]}
+    assert points[cb]["eta"] >= 1.0
+    if cb - 1 in points:
+        assert points[cb - 1]["eta"] < 1.0
+    assert doc["critical_batch_util97"] is not None
+
+
+def test_capacity_json(capsys):
+    code, out, _ = run(capsys, "capacity", "--machine", "paper-pc-4090", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    by_place = {(p["activations"], p["optimizer"]): p for p in doc["placements"]}
+    cpu, nvme = by_place[("cpu", "cpu")], by_place[("nvme", "nvme")]
+    assert cpu["largest_model"] is not None
+    assert nvme["largest_model_params"] >= cpu["largest_model_params"]
+    for fam in cpu["families"].values():
+        assert fam["scaled_params"] >= fam["largest_member_params"]
+
+
+def test_capacity_grows_with_ram(capsys):
+    sizes = []
+    for ram in ("64", "512"):
+        code, out, _ = run(
+            capsys,
+            "capacity",
+            "--machine",
+            "paper-pc-4090",
+            "--ram-gb",
+            ram,
+            "--optimizer",
+            "cpu",
+            "--activations",
+            "cpu",
+            "--json",
+        )
+        assert code == 0
+        sizes.append(json.loads(out)["placements"][0]["largest_model_params"])
+    assert sizes[1] > sizes[0]
+
+
+def test_compare_ranks_by_throughput(capsys):
+    code, out, _ = run(
+        capsys,
+        "compare",
+        "--model",
+        "qwen2.5-3b",
+        "--machine",
+        "paper-pc-4090",
+        "--machine",
+        "h200-16c-128g,paper-server-a100",
+        "--batch",
+        "8",
+        "--seq",
+        "512",
+        "--steps",
+        "2",
+        "--json",
+    )
+    assert code == 0
+    rows = json.loads(out)
+    assert [r["rank"] for r in rows] == [1, 2, 3]
+    tps = [r["tokens_per_s"] for r in rows]
+    assert tps == sorted(tps, reverse=True)
+    priced = [r for r in rows if r["price_usd"]]
+    assert all(
+        r["tokens_per_s_per_usd"] == pytest.approx(r["tokens_per_s"] / r["price_usd"])
+        for r in priced
+    )
+
+
+def test_gantt_zooms_to_a_step_and_refuses_unknown_steps(tmp_path):
+    from simulator.run import simulate_plan
+    from slide.gantt import plot_gantt, step_window
+    from slide_ir.config import TrainConfig
+
+    trace = simulate_plan("llama-3.2-1b", "paper-pc-4090", TrainConfig(batch=2, seq=256)).trace
+    lo, hi = step_window(trace, 2)
+    assert 0 < lo < hi
+    assert plot_gantt(trace, tmp_path / "z.png", zoom=2).stat().st_size > 10_000
+    with pytest.raises(ValueError, match="step must be one of"):
+        plot_gantt(trace, tmp_path / "bad.png", zoom=7)

@@ -1,0 +1,108 @@
+"""CostModel: a handler for every op kind, and each roofline term computed by hand."""
+
+import pytest
+
+from slide_ir.cost import HANDLERS, CostModel, Efficiency, FixedCosts
+from slide_ir.graph import Op, OpKind, Work
+from slide_ir.hardware import Cpu, Gpu, Link, Machine, Nvme
+
+# Round numbers so every expected duration is exact.
+MACHINE = Machine(
+    name="round",
+    gpu=Gpu(
+        name="g",
+        memory_bytes=24 << 30,
+        bf16_peak_tflops=200.0,
+        bf16_matmul_tflops=100.0,
+        hbm_bytes_per_s=1e12,
+        attention_tflops=50.0,
+    ),
+    link=Link(
+        name="l",
+        h2d_bytes_per_s=25e9,
+        d2h_bytes_per_s=25e9,
+        duplex_bytes_per_s=20e9,
+        pageable_h2d_bytes_per_s=10e9,
+        pageable_d2h_bytes_per_s=10e9,
+    ),
+    cpu=Cpu(
+        name="c",
+        cores=10,
+        adam_elems_per_s_per_core=1e8,
+        cast_elems_per_s_per_core=5e8,
+        dram_bytes_per_s=1e11,
+        simd="avx2",
+    ),
+    ram_bytes=128 << 30,
+    nvme=(
+        Nvme(
+            name="d",
+            capacity_bytes=2 * 10**12,
+            read_bytes_per_s=5e9,
+            write_bytes_per_s=4e9,
+            gds=False,
+        ),
+    )
+    * 2,
+)
+NO_LAUNCH = Efficiency(launch_s=0.0)
+
+
+def _op(kind, lane="gpu", **work):
+    return Op(id="x", kind=kind, lane=lane, step=1, layer=1, work=Work(**work))
+
+
+def test_every_kind_has_a_handler():
+    assert set(HANDLERS) == set(OpKind)
+
+
+@pytest.mark.parametrize(
+    ("op", "seconds"),
+    [
+        (_op(OpKind.FWD, flops=1e12), 0.01),  # 1e12 / 100 TFLOP/s
+        (_op(OpKind.BWD, flops=2e12), 0.02),
+        (_op(OpKind.RECOMPUTE, flops=1e12), 0.01),
+        (_op(OpKind.LOSS, flops=5e11), 0.005),
+        (_op(OpKind.FWD, flops=1e6, bytes=10**9), 0.001),  # memory bound: 1 GB / 1 TB/s
+        (_op(OpKind.GPU_ADAM, bytes=10**10), 0.01),
+        (_op(OpKind.H2D_PARAM, "h2d", bytes=2 * 10**9), 0.1),  # duplex 20 GB/s
+        (_op(OpKind.ACT_LOAD, "h2d", bytes=10**9), 0.05),
+        (_op(OpKind.D2H_GRAD, "d2h", bytes=2 * 10**9), 0.1),
+        (_op(OpKind.ACT_SAVE, "d2h", bytes=10**9), 0.05),
+        # 10 cores x 1e8 = 1e9 elem/s < DRAM 1e11 / 28 B = 3.57e9: compute bound
+        (_op(OpKind.ADAM, "cpu", elements=10**9, bytes=28 * 10**9), 1.0),
+        # 100 B/elem: DRAM bound at 1e11 / 100 = 1e9 elem/s... equal; 200 B/elem: 5e8 elem/s
+        (_op(OpKind.ADAM, "cpu", elements=10**9, bytes=200 * 10**9), 2.0),
+        (_op(OpKind.CAST, "cpu", elements=10**9), 1e9 / min(5e9, 1e11 / 6)),
+        (_op(OpKind.GRAD_ACCUM, "cpu", elements=10**9, bytes=10 * 10**9), 0.1),
+        (_op(OpKind.NVME_READ, "nvme1", bytes=10**10), 2.0),
+        (_op(OpKind.NVME_WRITE, "nvme0", bytes=10**10), 2.5),
+    ],
+)
+def test_roofline_terms(op, seconds):
+    assert CostModel(MACHINE, efficiency=NO_LAUNCH).seconds(op) == pytest.approx(seconds)
+
+
+def test_threads_and_efficiency_scale_rates():
+    adam = _op(OpKind.ADAM, "cpu", elements=10**9, bytes=28 * 10**9)
+    assert CostModel(MACHINE, cpu_threads=5, efficiency=NO_LAUNCH).seconds(adam) == pytest.approx(2)
+    slow = Efficiency(launch_s=1e-3, matmul=0.5)
+    assert CostModel(MACHINE, efficiency=slow).seconds(_op(OpKind.FWD, flops=1e12)) == (
+        pytest.approx(0.021)
+    )
+
+
+def test_missing_drive_is_named():
+    op = _op(OpKind.NVME_READ, "nvme2", bytes=1)
+    with pytest.raises(ValueError, match="op x: lane nvme2 needs NVMe drive 2, the machine has 2"):
+        CostModel(MACHINE).seconds(op)
+
+
+def test_bad_efficiency_is_refused():
+    with pytest.raises(ValueError, match=r"Efficiency\.link must be > 0"):
+        Efficiency(link=0.0)
+
+
+def test_fixed_costs():
+    costs = FixedCosts(seconds_by_id={"x": 3.0}, default=0.5)
+    assert costs.seconds(_op(OpKind.FWD)) == 3.0
