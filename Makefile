@@ -29,6 +29,7 @@ test: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/ruff check .
 	$(TEST_VENV)/bin/ruff format --check .
 	$(TEST_VENV)/bin/lint-imports
+	$(TEST_VENV)/bin/mypy
 	$(TEST_VENV)/bin/python -m pytest -q
 
 clean:

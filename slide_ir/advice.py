@@ -31,16 +31,13 @@ def suggest_fixes(
         need = ledger.peak_bytes("gpu") / GB
         out.append(f"use a GPU with at least {need:.1f} GB")
     if "cpu" in over:
-        for change, flag in (
-            ({"optimizer": "nvme"}, "--optimizer nvme"),
-            ({"activations": "nvme"}, "--activations nvme"),
-        ):
-            if all(getattr(config, k) == v for k, v in change.items()):
-                continue
-            trial = machine if machine.nvme else _with_one_drive(machine)
-            if _fits(model, trial, replace(config, **change), "cpu"):
-                extra = "" if machine.nvme else " --nvme 1"
-                out.append(f"move {next(iter(change))} state to NVMe ({flag}{extra})")
+        trial = machine if machine.nvme else with_drives(machine, 1)
+        extra = "" if machine.nvme else " --nvme 1"
+        for field in ("optimizer", "activations"):
+            if getattr(config, field) != "nvme":
+                moved = replace(config, **{field: "nvme"})  # type: ignore[arg-type]
+                if _fits(model, trial, moved, "cpu"):
+                    out.append(f"move {field} state to NVMe (--{field} nvme{extra})")
         need = (ledger.peak_bytes("cpu") + 1) / GB
         out.append(f"more host RAM: at least {need:.0f} GB (--ram-gb {need:.0f})")
     if "nvme" in over:
@@ -70,6 +67,3 @@ def _largest_batch(model: ModelSpec, machine: Machine, config: TrainConfig) -> i
             hi = mid
     return lo or None
 
-
-def _with_one_drive(machine: Machine) -> Machine:
-    return with_drives(machine, 1)

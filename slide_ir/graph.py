@@ -244,7 +244,7 @@ class Graph:
 def _op_from_dict(d: Mapping[str, object]) -> Op:
     return Op(
         id=str(d["id"]),
-        kind=OpKind(d["kind"]),
+        kind=OpKind(str(d["kind"])),
         lane=str(d["lane"]),
         step=int(d["step"]),  # type: ignore[call-overload]
         layer=int(d["layer"]),  # type: ignore[call-overload]
