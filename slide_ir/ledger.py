@@ -239,7 +239,7 @@ def _optimizer_terms(
     terms: _Terms, model: ModelSpec, config: TrainConfig, units: list[int], drives: int
 ) -> None:
     """FP32 master + moments of the units updated on the CPU: in RAM, or on NVMe with a staging
-    ring in RAM (3 stripes per drive: one read ahead, one updating, one being written)."""
+    ring in RAM."""
     mb = config.moment_bytes
     on_nvme = {"cpu": 0, "nvme": FP32 + mb, "nvme-moments": mb}[config.optimizer]
     for group, members in _unit_groups(model, units):
@@ -274,13 +274,16 @@ def _optimizer_terms(
             f"{k} x {p:.4g} params x {on_nvme} B",
             static=True,
         )
+        # Decoder layers rotate through 3 stripes per drive (one read ahead, one updating, one
+        # being written); the embedding and the head are one unit each: one stripe per drive.
+        depth = 3 if k > 1 else 1
         terms.add(
             f"opt_staging_{group}",
             Tier.CPU,
-            3 * drives,
+            depth * drives,
             -(-p * on_nvme // drives),
             "optimizer NVMe staging",
-            f"3 x {p:.4g} params x {on_nvme} B",
+            f"{depth} x {p:.4g} params x {on_nvme} B",
         )
 
 
