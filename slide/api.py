@@ -1,0 +1,54 @@
+"""The public API: the same operations as the command line, for notebooks and scripts.
+
+    from slide.api import plan, simulate
+    p = plan("llama-3.1-8b", "paper-pc-4090", batch=16, seq=1024)
+    r = simulate("llama-3.1-8b", "paper-pc-4090", batch=16, seq=1024)
+    r.summary()["tokens_per_s"]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.analyses import batch_sweep, compare, critical_batch, model_sweep, schedule_sweep
+from simulator.capacity import capacity
+from simulator.run import SimResult, simulate_plan
+from slide_ir.config import TrainConfig
+from slide_ir.hardware import Machine, load_machine
+from slide_ir.model import ModelSpec, load_model
+from slide_ir.planner import Plan
+from slide_ir.planner import plan as _plan
+
+
+def _inputs(model: str | ModelSpec, machine: str | Machine) -> tuple[ModelSpec, Machine]:
+    return (
+        load_model(model) if isinstance(model, str) else model,
+        load_machine(machine) if isinstance(machine, str) else machine,
+    )
+
+
+def plan(model: str | ModelSpec, machine: str | Machine, **config: Any) -> Plan:
+    """Plan with TrainConfig fields as keywords (batch, seq, activations, optimizer, ...)."""
+    spec, mach = _inputs(model, machine)
+    return _plan(spec, mach, TrainConfig(**config))
+
+
+def simulate(model: str | ModelSpec, machine: str | Machine, **config: Any) -> SimResult:
+    """Plan and simulate; an infeasible plan comes back unsimulated (`result.trace is None`)."""
+    spec, mach = _inputs(model, machine)
+    return simulate_plan(spec, mach, TrainConfig(**config))
+
+
+__all__ = [
+    "TrainConfig",
+    "batch_sweep",
+    "capacity",
+    "compare",
+    "critical_batch",
+    "load_machine",
+    "load_model",
+    "model_sweep",
+    "plan",
+    "schedule_sweep",
+    "simulate",
+]
