@@ -262,6 +262,12 @@ def nvme_names() -> list[str]:
     return _names(Nvme)
 
 
+def load_gpu(name: str) -> tuple[Gpu, dict[str, str]]:
+    """A catalog GPU and the sources of its figures (calibrate keeps the datasheet peak)."""
+    part, sources, _ = _part(Gpu, name)
+    return part, sources
+
+
 def with_drives(machine: Machine, count: int | None = None, model: str | None = None) -> Machine:
     """The machine with `count` drives (default: as many as it has, at least one), each of catalog
     drive `model`, or else the machine's own model, or else a PCIe 4.0 default."""

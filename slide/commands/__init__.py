@@ -1,6 +1,7 @@
 """Subcommands of `slide`, in the order `slide --help` lists them."""
 
 from slide.commands import (
+    calibrate,
     capacity,
     compare,
     critical_batch,
@@ -12,4 +13,15 @@ from slide.commands import (
     sweep,
 )
 
-COMMANDS = (demo, plan, simulate, sweep, critical_batch, capacity, compare, models, machines)
+COMMANDS = (
+    demo,
+    plan,
+    simulate,
+    sweep,
+    critical_batch,
+    capacity,
+    compare,
+    calibrate,
+    models,
+    machines,
+)

@@ -1,0 +1,235 @@
+"""Measure this machine's rates the way the executor uses them, for `slide calibrate`.
+
+Each probe returns a figure in base units (FLOP/s, bytes/s, elements/s) with a short note of how
+it was measured; `slide calibrate` turns them into a machine profile. GPU work is timed with CUDA
+events after warm-up (median of repeats); CPU work with the host clock. Sizes are chosen so the
+whole run stays under ~3 minutes on one H200 host.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from slide_ir.model import ModelSpec
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Figure:
+    value: float
+    note: str
+
+
+def _cuda_median(fn: Callable[[], object], repeats: int = 10) -> float:
+    """Seconds per call: CUDA events around each call, after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _host_median(fn: Callable[[], object], repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# -- GPU ----------------------------------------------------------------------------------------
+def layer_linears(model: ModelSpec) -> list[tuple[int, int]]:
+    """(out, in) of one decoder layer's seven linears."""
+    h, i, q, kv = model.hidden_size, model.intermediate_size, model.q_dim, model.kv_dim
+    return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+
+
+def matmul_rate(model: ModelSpec, tokens: int = 8192) -> Figure:
+    """A whole layer's linears, forward and both backward products, BF16."""
+    flops = seconds = 0.0
+    for out_f, in_f in layer_linears(model):
+        x = torch.randn(tokens, in_f, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(tokens, out_f, device="cuda", dtype=torch.bfloat16)
+        for fn in (lambda: x @ w.t(), lambda: dy @ w, lambda: dy.t() @ x):  # noqa: B023
+            seconds += _cuda_median(fn)
+            flops += 2.0 * tokens * out_f * in_f
+    return Figure(flops / seconds, f"{model.name} layer linears fwd+bwd, {tokens} tokens, bf16")
+
+
+def attention_rate(model: ModelSpec, batch: int = 4, seq: int = 2048) -> Figure:
+    """Causal SDPA forward + backward; FLOPs counted for the causal half, backward = 2x forward."""
+    shape = (batch, model.num_heads, seq, model.head_dim)
+    q, k, v = (
+        torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> None:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(grad)
+
+    fwd = 2 * 2 * batch * model.num_heads * seq * seq * model.head_dim / 2
+    return Figure(3 * fwd / _cuda_median(step), f"SDPA causal fwd+bwd, {shape}, bf16")
+
+
+def hbm_rate(size_mb: int = 2048) -> Figure:
+    src = torch.empty(size_mb * MB, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = _cuda_median(lambda: dst.copy_(src))
+    return Figure(
+        2 * src.numel() / seconds, f"device-to-device copy of {size_mb} MiB (read + write)"
+    )
+
+
+# -- host link ------------------------------------------------------------------------------------
+def link_rates(size_mb: int = 1024) -> dict[str, Figure]:
+    n = size_mb * MB
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dev2 = torch.empty(n, dtype=torch.uint8, device="cuda")
+    pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    pinned2 = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.empty(n, dtype=torch.uint8)
+    up, down = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def both() -> None:
+        with torch.cuda.stream(up):
+            dev.copy_(pinned, non_blocking=True)
+        with torch.cuda.stream(down):
+            pinned2.copy_(dev2, non_blocking=True)
+        up.synchronize()
+        down.synchronize()
+
+    note = f"{size_mb} MiB copies"
+
+    def pageable_up() -> None:
+        dev.copy_(pageable)
+        torch.cuda.synchronize()
+
+    return {
+        "h2d": Figure(
+            n / _cuda_median(lambda: dev.copy_(pinned, non_blocking=True)), f"pinned h2d, {note}"
+        ),
+        "d2h": Figure(
+            n / _cuda_median(lambda: pinned.copy_(dev, non_blocking=True)), f"pinned d2h, {note}"
+        ),
+        "duplex": Figure(
+            n / _host_median(both), f"each way with h2d and d2h on two streams at once, {note}"
+        ),
+        "pageable_h2d": Figure(n / _host_median(pageable_up), f"pageable h2d, {note}"),
+        "pageable_d2h": Figure(
+            n / _host_median(lambda: pageable.copy_(dev)), f"pageable d2h, {note}"
+        ),
+    }
+
+
+# -- CPU ----------------------------------------------------------------------------------------
+def adam_rate(threads: int, elements: int = 64 * MB) -> Figure:
+    """torch's fused CPU AdamW on FP32 flat buffers, the executor's update kernel."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        p, g, m, v = (torch.rand(elements) for _ in range(4))
+        steps = torch.zeros((), dtype=torch.float32)
+
+        def update() -> None:
+            torch._fused_adamw_(
+                [p],
+                [g],
+                [m],
+                [v],
+                [],
+                [steps],
+                lr=1e-4,
+                beta1=0.9,
+                beta2=0.999,
+                weight_decay=0.0,
+                eps=1e-8,
+                amsgrad=False,
+                maximize=False,
+            )
+
+        rate = elements / _host_median(update)
+    finally:
+        torch.set_num_threads(previous)
+    return Figure(
+        rate, f"torch._fused_adamw_ fp32, {elements / 1e6:.0f}M elements, {threads} threads"
+    )
+
+
+def cast_rate(threads: int, elements: int = 64 * MB) -> Figure:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.rand(elements)
+        dst = torch.empty(elements, dtype=torch.bfloat16)
+        rate = elements / _host_median(lambda: dst.copy_(src))
+    finally:
+        torch.set_num_threads(previous)
+    return Figure(rate, f"fp32 -> bf16 copy, {elements / 1e6:.0f}M elements, {threads} threads")
+
+
+def host_ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# -- NVMe ---------------------------------------------------------------------------------------
+def nvme_rates(directory: Path, size_mb: int = 1024) -> dict[str, Figure]:
+    """Sequential write then read of one file, with O_DIRECT where the file system allows it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".slide-calibrate-{os.getpid()}"
+    block = 16 * MB
+    buf = bytearray(os.urandom(block))
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0)
+    try:
+        fd = _open(path, flags)
+        source = _aligned(buf)
+        t0 = time.perf_counter()
+        for k in range(size_mb * MB // block):
+            os.pwrite(fd, source, k * block)
+        os.fsync(fd)
+        write = size_mb * MB / (time.perf_counter() - t0)
+        target = _aligned(bytearray(block))
+        t0 = time.perf_counter()
+        for k in range(size_mb * MB // block):
+            os.preadv(fd, [target], k * block)
+        read = size_mb * MB / (time.perf_counter() - t0)
+        os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+    note = f"{size_mb} MiB sequential, 16 MiB blocks, {'O_DIRECT' if flags & getattr(os, 'O_DIRECT', 0) else 'buffered'}"
+    return {"read": Figure(read, note), "write": Figure(write, note)}
+
+
+def _open(path: Path, flags: int) -> int:
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError:  # tmpfs and some overlays refuse O_DIRECT
+        return os.open(path, flags & ~getattr(os, "O_DIRECT", 0), 0o600)
+
+
+def _aligned(buf: bytearray) -> memoryview:
+    """O_DIRECT needs page-aligned memory: an mmap-backed buffer is."""
+    import mmap
+
+    m = mmap.mmap(-1, len(buf))
+    m.write(buf)
+    return memoryview(m)
