@@ -11,6 +11,7 @@ from slide.commands import (
     plan,
     simulate,
     sweep,
+    train,
 )
 
 COMMANDS = (
@@ -22,6 +23,7 @@ COMMANDS = (
     capacity,
     compare,
     calibrate,
+    train,
     models,
     machines,
 )

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from slide.commands.common import add_machine_overrides, add_train_config, train_config
 from slide.errors import UserError
 from slide.training import TrainRequest, run_training
-from slide_ir.planner import plan_from_json
 
 NAME = "train"
 HELP = "fine-tune all parameters of a model on one GPU (or the CPU), sliding its layers"
@@ -69,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         machine=args.machine,
         ram_gb=args.ram_gb,
         nvme=args.nvme,
-        config=train_config(args) if not args.plan else _saved_config(args.plan),
+        config=train_config(args),
+        plan_file=args.plan,
         data=args.data,
         tokenizer=args.tokenizer,
         shuffle=not args.no_shuffle,
@@ -102,9 +101,3 @@ def _betas(text: str) -> tuple[float, float]:
     except ValueError:
         raise UserError(f"--betas must be two numbers like 0.9,0.999, got {text!r}") from None
     return b1, b2
-
-
-def _saved_config(path: str):  # type: ignore[no-untyped-def]
-    if not Path(path).is_file():
-        raise UserError(f"plan file {path} does not exist")
-    return plan_from_json(Path(path).read_text()).config

@@ -20,6 +20,8 @@ from slide_ir.hardware import load_machine
 
 SIZES = ("qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b")
 RANGES = {"paper-pc-4090": (12, 28), "paper-server-a100": (15, 36)}
+
+
 def _critical(machine: str) -> dict[str, int | None]:
     m = load_machine(machine)
     config = TrainConfig(batch=1, seq=1024, steps=2)

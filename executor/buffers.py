@@ -1,0 +1,303 @@
+"""Every buffer of a run, allocated once from the Graph's pools before the first op.
+
+Keys are the graph's slot ids (`gpu_units.1`, `pinned_acts.3`, ...) for slotted pools, and
+per-unit names for static pools: `gpu.{u}` (a unit living on the device: resident, ZeRO-offload,
+gpu-only), `devopt.{u}` (its device-side FP32 master + moments), `bf16.{u}` (pinned compute-dtype
+copy the next upload reads), `master.{u}`, `moments.{u}`, `accum.{u}` (host FP32), `landing.{u}`
+(ZeRO-offload's static gradient landing). Pools sized by the ledger in BF16 bytes are allocated
+at the compute dtype (FP32 in CPU tests: twice the bytes). The GPU workspace and LCE pools are
+not pre-allocated by hand: autograd and the LCE kernel take them from torch's caching allocator
+on step 1 and reuse the same segments afterwards (the GPU test checks the count stays flat).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from executor.layout import UnitLayout
+from slide_ir.graph import Graph, Pool, Tier
+from slide_ir.model import ModelSpec
+
+log = logging.getLogger("executor.buffers")
+
+NOT_ALLOCATED = ("gpu_context", "host_runtime", "gpu_workspace", "gpu_lce")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuUnit:
+    """A unit's compute-dtype weights `w` and gradients `g` on the device, flat each. Two
+    allocations, not one: autograd tracks in-place writes per storage, and gradients are
+    accumulated in place while the weights are saved for backward."""
+
+    w: torch.Tensor
+    g: torch.Tensor
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptState:
+    """FP32 master weights and the two Adam moments (m, v) of one unit (or one stripe of it)."""
+
+    master: torch.Tensor
+    m: torch.Tensor
+    v: torch.Tensor
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Placement:
+    """Where units live. `resident`: updated on the device (sliding's resident units, every unit
+    of gpu-only); `flat`: ZeRO-offload's whole-model device copy; the rest slide."""
+
+    schedule: str
+    resident: frozenset[int]
+    units: tuple[int, ...]
+
+    @property
+    def host_updated(self) -> tuple[int, ...]:
+        return tuple(u for u in self.units if u not in self.resident)
+
+    def is_sliding(self, unit: int) -> bool:
+        return self.schedule == "sliding" and unit not in self.resident
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Setup:
+    """What allocation needs to know besides the graph."""
+
+    spec: ModelSpec
+    layouts: dict[int, UnitLayout]
+    placement: Placement
+    device: torch.device
+    dtype: torch.dtype  # compute dtype of weights, grads, activations
+    moments_dtype: torch.dtype
+    hidden_shape: tuple[int, int, int]  # (B, S, H)
+    pin: bool  # pinned host memory (CUDA only)
+    stripes: int  # NVMe drives the optimizer state is striped over (0: none)
+    opt_on_nvme: tuple[str, ...] = ()  # which of "master", "moments" live on NVMe
+
+
+class HostMemory:
+    """Host allocations. Pinned ones are ordinary allocations registered with CUDA
+    (cudaHostRegister) at their exact size: torch's pinned allocator rounds every block up to a
+    power of two, which could take up to twice the pinned memory the ledger plans."""
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self.registered: list[torch.Tensor] = []
+
+    def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.empty(numel, dtype=dtype)
+        if self.pin and numel:
+            err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), numel * dtype.itemsize, 0))
+            if err:
+                raise RuntimeError(f"cudaHostRegister of {numel * dtype.itemsize} B failed ({err})")
+            self.registered.append(t)
+        return t
+
+    def close(self) -> None:
+        """Unregister everything (the tensors must not be used for copies afterwards)."""
+        for t in self.registered:
+            torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+        self.registered.clear()
+
+
+@dataclass(kw_only=True)
+class Buffers:
+    host: HostMemory
+    items: dict[str, object] = field(default_factory=dict)
+    allocated: dict[str, int] = field(default_factory=dict)  # pool -> bytes actually allocated
+
+    def __getitem__(self, key: str):  # type: ignore[no-untyped-def]
+        return self.items[key]
+
+    def tensor(self, key: str) -> torch.Tensor:
+        item = self.items[key]
+        assert isinstance(item, torch.Tensor), key
+        return item
+
+    def gpu_unit(self, key: str) -> GpuUnit:
+        item = self.items[key]
+        assert isinstance(item, GpuUnit), key
+        return item
+
+
+def group_units(spec: ModelSpec, units: tuple[int, ...] | list[int], group: str) -> list[int]:
+    """Members of a pool group (embed / layers / head) among `units`, ascending: the order in
+    which the ledger gave static pools their slots."""
+    n = spec.num_layers
+    member = {"embed": lambda u: u == 0, "layers": lambda u: 1 <= u <= n, "head": lambda u: u > n}
+    return sorted(u for u in units if member[group](u))
+
+
+def _dev(s: Setup, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(numel, dtype=dtype, device=s.device)
+
+
+def _gpu_unit(s: Setup, numel: int) -> GpuUnit:
+    return GpuUnit(w=_dev(s, numel, s.dtype), g=_dev(s, numel, s.dtype))
+
+
+def _dev_opt_state(s: Setup, numel: int) -> OptState:
+    moments = _dev(s, 2 * numel, s.moments_dtype).zero_()
+    return OptState(master=_dev(s, numel, torch.float32), m=moments[:numel], v=moments[numel:])
+
+
+class _Allocator:
+    """One method per pool family; `allocate` dispatches on the pool's name. Host pools on a
+    pinned tier are pinned (on CUDA); pageable ones (master, moments, accumulators) are not."""
+
+    def __init__(self, s: Setup, out: Buffers) -> None:
+        self.s, self.out = s, out
+
+    def host(self, pool: Pool, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if pool.tier == Tier.PINNED:
+            return self.out.host.empty(numel, dtype)
+        return torch.empty(numel, dtype=dtype)
+
+    def put(self, pool: Pool, key: str, item: object, nbytes: int) -> None:
+        self.out.items[key] = item
+        self.out.allocated[pool.name] = self.out.allocated.get(pool.name, 0) + nbytes
+
+    def numel(self, unit: int) -> int:
+        return self.s.layouts[unit].numel
+
+    def group(self, pool: Pool, units: tuple[int, ...] | list[int]) -> list[int]:
+        members = group_units(self.s.spec, units, pool.name.rpartition("_")[2])
+        if len(members) != pool.slots:
+            raise RuntimeError(
+                f"pool {pool.name}: {pool.slots} slots but {len(members)} units {members}"
+            )
+        return members
+
+    # -- activations ------------------------------------------------------------------------
+    def hidden(self, pool: Pool, on_device: bool) -> None:
+        b, seq, h = self.s.hidden_shape
+        size = self.s.dtype.itemsize * b * seq * h
+        for key in pool.slot_ids():
+            if on_device:
+                t = torch.empty((b, seq, h), dtype=self.s.dtype, device=self.s.device)
+            else:
+                t = self.host(pool, b * seq * h, self.s.dtype).view(b, seq, h)
+            self.put(pool, key, t, size)
+
+    # -- weights and gradients ----------------------------------------------------------------
+    def unit_slots(self, pool: Pool, unit: int) -> None:
+        numel = self.numel(unit)
+        for key in pool.slot_ids():
+            self.put(pool, key, _gpu_unit(self.s, numel), 2 * numel * self.s.dtype.itemsize)
+
+    def landing_slots(self, pool: Pool, unit: int) -> None:
+        numel = self.numel(unit)
+        for key in pool.slot_ids():
+            t = self.host(pool, numel, self.s.dtype)
+            self.put(pool, key, t, t.numel() * t.element_size())
+
+    def per_unit(self, pool: Pool, prefix: str, dtype: torch.dtype, per_param: int = 1) -> None:
+        for unit in self.group(pool, self.s.placement.host_updated):
+            t = self.host(pool, per_param * self.numel(unit), dtype)
+            if prefix == "moments":
+                t.zero_()
+            self.put(pool, f"{prefix}.{unit}", t, t.numel() * t.element_size())
+
+    def resident(self, pool: Pool, units: list[int]) -> None:
+        s = self.s
+        for unit in units:
+            numel = self.numel(unit)
+            self.put(pool, f"gpu.{unit}", _gpu_unit(s, numel), 2 * numel * s.dtype.itemsize)
+            state = _dev_opt_state(s, numel)
+            self.put(pool, f"devopt.{unit}", state, numel * (4 + 2 * s.moments_dtype.itemsize))
+
+    def flat_model(self, pool: Pool, prefix: str, on_device: bool) -> None:
+        """ZeRO-offload's whole-model buffers, viewed per unit."""
+        s = self.s
+        total = sum(self.numel(u) for u in s.placement.units)
+        big = _dev(s, total, s.dtype) if on_device else self.host(pool, total, s.dtype)
+        self.out.allocated[pool.name] = total * s.dtype.itemsize
+        offset = 0
+        for unit in s.placement.units:
+            n = self.numel(unit)
+            self.out.items[f"{prefix}.{unit}"] = big[offset : offset + n]
+            offset += n
+
+    def allocate(self, pool: Pool) -> None:
+        s, name = self.s, pool.name
+        n = s.spec.num_layers
+        group_unit = {"embed": 0, "layers": 1, "head": n + 1}
+        if name in NOT_ALLOCATED:
+            return
+        if name in ("gpu_hidden_grads", "gpu_acts"):
+            self.hidden(pool, on_device=True)
+        elif name in ("pinned_acts", "pinned_act_staging"):
+            self.hidden(pool, on_device=False)
+        elif name in ("gpu_units", "gpu_embed", "gpu_head"):
+            self.unit_slots(pool, group_unit[name.partition("_")[2].replace("units", "layers")])
+        elif name.startswith("pinned_grads_"):
+            self.landing_slots(pool, group_unit[name.rpartition("_")[2]])
+        elif name.startswith("pinned_bf16_"):
+            self.per_unit(pool, "bf16", s.dtype)
+        elif name.startswith("grad_accum_"):
+            self.per_unit(pool, "accum", torch.float32)
+        elif name.startswith("master_"):
+            self.per_unit(pool, "master", torch.float32)
+        elif name.startswith("moments_"):
+            self.per_unit(pool, "moments", s.moments_dtype, per_param=2)
+        elif name.startswith("gpu_resident_"):
+            self.resident(pool, self.group(pool, sorted(s.placement.resident)))
+        elif name == "gpu_state":
+            self.resident(pool, list(s.placement.units))
+        elif name in ("gpu_params", "gpu_grads", "pinned_grads", "pinned_bf16"):
+            self.zero_offload(pool)
+        elif name.startswith(("nvme_", "opt_staging_")):
+            self.nvme(pool)
+        else:
+            raise RuntimeError(f"the executor has no allocator for pool {name!r}")
+
+    def zero_offload(self, pool: Pool) -> None:
+        prefix = {"gpu_params": "zo_w", "gpu_grads": "zo_g", "pinned_grads": "landing"}
+        self.flat_model(pool, prefix.get(pool.name, "bf16"), pool.name.startswith("gpu_"))
+        if pool.name == "gpu_grads":  # both halves exist now: pair them per unit
+            for unit in self.s.placement.units:
+                w, g = self.out.items.pop(f"zo_w.{unit}"), self.out.items.pop(f"zo_g.{unit}")
+                self.out.items[f"gpu.{unit}"] = GpuUnit(w=w, g=g)  # type: ignore[arg-type]
+
+    def nvme(self, pool: Pool) -> None:
+        """NVMe regions are files (see `nvme`); only the host staging ring is allocated here,
+        as raw bytes that `nvme.stripe_state` views as master / m / v."""
+        if not pool.name.startswith("opt_staging_"):
+            return
+        group = pool.name.rpartition("_")[2]
+        unit = {"embed": 0, "layers": 1, "head": self.s.spec.num_layers + 1}[group]
+        nbytes = stripe_bytes(self.s, self.numel(unit))
+        for key in pool.slot_ids():
+            self.put(pool, key, self.host(pool, nbytes, torch.uint8), nbytes)
+
+
+def stripe_numel(numel: int, stripes: int) -> int:
+    """Elements of one NVMe stripe of a unit: the unit's elements split into `stripes` ranges."""
+    return -(-numel // max(stripes, 1))
+
+
+def stripe_bytes(s: Setup, numel: int) -> int:
+    """Bytes of one stripe's state on NVMe: FP32 master (if there) + both moments."""
+    per = (4 if "master" in s.opt_on_nvme else 0) + 2 * s.moments_dtype.itemsize
+    return stripe_numel(numel, s.stripes) * per
+
+
+def allocate(graph: Graph, setup: Setup) -> Buffers:
+    """All pools of `graph`, in pool order. Units on the device start uninitialised: `state`
+    fills them from the initial weights before the first op."""
+    out = Buffers(host=HostMemory(setup.pin))
+    alloc = _Allocator(setup, out)
+    for pool in graph.pools:
+        alloc.allocate(pool)
+    for pool in graph.pools:
+        if pool.name in out.allocated:
+            log.debug(
+                "pool %s: planned %d B, allocated %d B",
+                pool.name,
+                pool.bytes,
+                out.allocated[pool.name],
+            )
+    return out

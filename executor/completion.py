@@ -1,0 +1,83 @@
+"""Completions: one per op, the only way lanes learn that another lane's op is done.
+
+The edge types and their one mechanism each (STYLE §3):
+
+- GPU -> GPU (both ops on CUDA streams): the waiter's stream `wait_event`s the op's CUDA event;
+  the host never blocks (it only waits until the event has been *recorded*: waiting on an event
+  not yet recorded would be a no-op on the device);
+- GPU -> host (cpu / nvme lanes, the main thread): the host waits until recorded, then
+  `event.synchronize()`;
+- host -> anything: a `threading.Event` set when the host work has finished; a GPU lane's
+  thread waits on it before enqueueing.
+
+In CPU mode every op is host work, so every completion is a plain `threading.Event`. Every wait
+polls a shared abort flag, so one failing lane stops the others instead of deadlocking them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import torch
+
+_POLL_S = 0.05
+
+
+class Aborted(Exception):
+    """Raised inside a lane when another lane failed; the lane stops quietly."""
+
+
+class WaitTimeout(TimeoutError):
+    pass
+
+
+class Completion:
+    """Done-ness of one op. `event` is its CUDA event when the op ran on a stream."""
+
+    __slots__ = ("event", "issued", "op_id")
+
+    def __init__(self, op_id: str) -> None:
+        self.op_id = op_id
+        self.issued = threading.Event()  # host work done, or GPU work enqueued and recorded
+        self.event: torch.cuda.Event | None = None
+
+    def mark_host_done(self) -> None:
+        self.issued.set()
+
+    def mark_recorded(self, event: torch.cuda.Event) -> None:
+        self.event = event
+        self.issued.set()
+
+    def wait_issued(self, abort: threading.Event, timeout_s: float, waiter: str) -> None:
+        deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        while not self.issued.wait(_POLL_S):
+            if abort.is_set():
+                raise Aborted
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"{waiter} waited more than {timeout_s:g} s for {self.op_id}")
+
+    def wait_host(self, abort: threading.Event, timeout_s: float, waiter: str) -> None:
+        """Block this thread until the op's work (host or device) has finished."""
+        self.wait_issued(abort, timeout_s, waiter)
+        if self.event is not None:
+            self.event.synchronize()
+
+    def wait_stream(
+        self, stream: torch.cuda.Stream, abort: threading.Event, timeout_s: float, waiter: str
+    ) -> None:
+        """Make `stream`'s later work wait for the op, blocking the host only for host ops."""
+        self.wait_issued(abort, timeout_s, waiter)
+        if self.event is not None:
+            stream.wait_event(self.event)
+
+
+class Completions:
+    """Completion objects by op id, made up front (a few hundred bytes per op)."""
+
+    def __init__(self, op_ids: Sequence[str]) -> None:
+        self._by_id = {op_id: Completion(op_id) for op_id in op_ids}
+
+    def __getitem__(self, op_id: str) -> Completion:
+        return self._by_id[op_id]

@@ -1,0 +1,119 @@
+"""What handlers see: the run's shared, set-up-once environment, and each lane's own state.
+
+`Env` is built before the lanes start and not rebound afterwards: its tensors are written only
+by ops, in the order the graph's dependencies allow. `LaneState` belongs to one lane thread
+(its stream, the autograd tape between a recompute and its backward, the current micro-batch,
+optimizer scratch) and is never touched by another thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from executor.adam import AdamWConfig, HostScratch, Part, StepHp
+from executor.binding import Bind
+from executor.buffers import Buffers, OptState, Placement
+from executor.completion import Aborted
+from executor.layers import Rope
+from executor.layout import UnitLayout
+from executor.nvme import NvmeStore, StripeFormat
+from slide_ir.model import ModelSpec
+
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MicroBatch:
+    step: int
+    micro: int
+    ids: torch.Tensor  # (B, S) int64, host
+    labels: torch.Tensor  # (B, S) int64, host, -100 = ignored
+    scale: float  # 1 / labelled tokens of the whole step: micro-batch losses sum to its mean
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tokens:
+    """Static device copies of the current micro-batch (written by the embedding's forward)."""
+
+    ids: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclass(kw_only=True)
+class Env:
+    spec: ModelSpec
+    layouts: dict[int, UnitLayout]
+    placement: Placement
+    buffers: Buffers
+    bind: dict[str, Bind]
+    rope: Rope
+    device: torch.device
+    dtype: torch.dtype
+    cuda: bool
+    optim: AdamWConfig
+    step_offset: int  # optimizer steps done before this run (resume)
+    total_steps: int  # horizon of the lr schedule
+    lce_chunk: int | None
+    tokens: Tokens
+    loss_dev: torch.Tensor  # (steps,) fp32 on the device: the step's mean loss accumulates here
+    loss_host: torch.Tensor  # (steps,) fp32 host (pinned on CUDA): copied at the last micro-batch
+    step_t: torch.Tensor  # device step counter for the fused device AdamW
+    abort: threading.Event
+    wait_timeout_s: float
+    act_bytes: int  # bytes of one saved activation (B x S x H at the compute dtype)
+    moments_bf16: bool = False
+    batches: queue.Queue[MicroBatch] = field(default_factory=queue.Queue)
+    nvme: NvmeStore | None = None
+    stripes: StripeFormat | None = None
+
+    def hp(self, step: int) -> StepHp:
+        global_step = self.step_offset + step
+        return StepHp(
+            step=global_step,
+            lr=self.optim.lr_at(global_step, self.total_steps),
+            config=self.optim,
+        )
+
+    def take_batch(self, step: int, micro: int) -> MicroBatch:
+        """The next micro-batch from the main thread; it must be the one the op expects."""
+        while True:
+            try:
+                mb = self.batches.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if self.abort.is_set():
+                    raise Aborted from None
+        if (mb.step, mb.micro) != (step, micro):
+            raise RuntimeError(f"expected micro-batch {micro} of step {step}, got {mb}")
+        return mb
+
+    def host_parts(self, unit: int, staging: tuple[str, ...]) -> list[Part]:
+        """Where a host-updated unit's optimizer state is for this update: RAM, or the NVMe
+        stripes just read into `staging` (master from RAM when only moments are on NVMe)."""
+        numel = self.layouts[unit].numel
+        master = self.buffers.items.get(f"master.{unit}")
+        assert master is None or isinstance(master, torch.Tensor)
+        if not staging:
+            moments = self.buffers.tensor(f"moments.{unit}")
+            assert master is not None
+            state = OptState(master=master, m=moments[:numel], v=moments[numel:])
+            return [Part(lo=0, hi=numel, state=state)]
+        assert self.stripes is not None
+        return [
+            self.stripes.part(self.buffers.tensor(slot), numel, k, master)
+            for k, slot in enumerate(staging)
+        ]
+
+
+@dataclass(kw_only=True)
+class LaneState:
+    lane: str
+    stream: Any = None  # torch.cuda.Stream on CUDA, None in CPU mode and on host lanes
+    work: tuple[Any, ...] | None = None  # recompute -> backward: (output, input leaf, leaves)
+    batch: MicroBatch | None = None
+    scratch: HostScratch | None = None

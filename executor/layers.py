@@ -1,0 +1,135 @@
+"""Functional layers of Llama / Qwen2 / Qwen3 / Mistral, on parameters that are views into a
+unit's flat buffer (see `layout`), so one cache-unit slot can run any decoder layer.
+
+Numerics follow transformers' modules (LlamaDecoderLayer and kin, SDPA attention): the same
+operations in the same order, with our kernels (via `fused`) in place of RMSNorm, RoPE, SwiGLU
+and the LM head + cross-entropy. Shapes: B batch, S sequence, H hidden, I intermediate,
+nh / nkv query / key-value heads of hd dims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from executor import fused
+from kernels import rope_cos_sin
+from slide_ir.model import ModelSpec
+
+Params = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rope:
+    """cos/sin tables (S, hd) for positions 0..S-1, and the sliding-window mask if one applies."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None  # (S, S) bool, True = attend; None = plain causal
+
+
+def rope_scaling(hf_config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """transformers 5 writes `rope_parameters`; 4.x configs `rope_scaling` (or nothing)."""
+    params = hf_config.get("rope_parameters") or hf_config.get("rope_scaling")
+    return dict(params) if params else None
+
+
+def make_rope(spec: ModelSpec, seq: int, device: torch.device, dtype: torch.dtype) -> Rope:
+    """Built once per run: every layer and every step uses the same positions."""
+    positions = torch.arange(seq, device=device)
+    scaling = rope_scaling(spec.to_hf_config())
+    cos, sin = rope_cos_sin(spec.head_dim, positions, spec.rope_theta, scaling, dtype=dtype)
+    mask = None
+    window = spec.sliding_window
+    if window is not None and window < seq:  # mistral: key j visible from i iff i-w < j <= i
+        i = positions[:, None]
+        j = positions[None, :]
+        mask = (j <= i) & (j > i - window)
+    return Rope(cos=cos, sin=sin, mask=mask)
+
+
+def _linear(x: torch.Tensor, p: Params, name: str) -> torch.Tensor:
+    return F.linear(x, p[f"{name}.w"], p.get(f"{name}.b"))
+
+
+def attention(x: torch.Tensor, p: Params, spec: ModelSpec, rope: Rope) -> torch.Tensor:
+    """Self-attention of the normed input x (B, S, H) -> (B, S, H), before the residual add."""
+    b, s, _ = x.shape
+    hd, nh, nkv = spec.head_dim, spec.num_heads, spec.num_kv_heads
+    sizes = (nh * hd, nkv * hd, nkv * hd)
+    qkv = fused.grouped_linear(x, p["qkv.w"], p.get("qkv.b"), sizes)  # (B, S, (nh + 2 nkv) hd)
+    q, k, v = qkv.split(sizes, dim=-1)
+    q, k, v = q.view(b, s, nh, hd), k.view(b, s, nkv, hd), v.view(b, s, nkv, hd)
+    if spec.qk_norm:  # qwen3: RMSNorm over each head's hd dims, before RoPE
+        q = fused.rms_norm(q, p["q_norm"], spec.rms_norm_eps)
+        k = fused.rms_norm(k, p["k_norm"], spec.rms_norm_eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, S, hd)
+    q, k = fused.rope(q, k, rope.cos, rope.sin)
+    out = F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=rope.mask,
+        is_causal=rope.mask is None,
+        scale=hd**-0.5,
+        enable_gqa=nkv != nh,
+    )  # (B, nh, S, hd)
+    out = out.transpose(1, 2).reshape(b, s, nh * hd)
+    return _linear(out, p, "o")  # (B, S, H)
+
+
+def mlp(x: torch.Tensor, p: Params, spec: ModelSpec) -> torch.Tensor:
+    """SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up as one (2I, H) matmul."""
+    i = spec.intermediate_size
+    gate_up = fused.grouped_linear(x, p["gate_up.w"], p.get("gate_up.b"), (i, i))  # (B, S, 2I)
+    gate, up = gate_up.chunk(2, dim=-1)  # (B, S, I) each
+    return _linear(fused.swiglu(gate, up), p, "down")  # (B, S, H)
+
+
+def decoder_layer(
+    x: torch.Tensor, p: Params, spec: ModelSpec, rope: Rope, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One decoder layer, x (B, S, H) -> (B, S, H). `out` (no-grad forward only) receives the
+    result in place, so the forward writes straight into its activation slot."""
+    eps = spec.rms_norm_eps
+    h = x + attention(fused.rms_norm(x, p["ln1"], eps), p, spec, rope)
+    m = mlp(fused.rms_norm(h, p["ln2"], eps), p, spec)
+    if out is None:
+        return h + m
+    return torch.add(h, m, out=out)
+
+
+def embed(ids: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+    """out (B, S, H) = weight[ids]: a gather straight into the activation slot."""
+    torch.index_select(weight, 0, ids.reshape(-1), out=out.view(-1, weight.shape[1]))
+
+
+def embed_backward(
+    ids: torch.Tensor, grad_out: torch.Tensor, grad_weight: torch.Tensor, *, accumulate: bool
+) -> None:
+    """grad_weight (V, H) (+)= scatter-add of grad_out (B, S, H) rows at ids. index_put_ with
+    accumulate sorts the indices on CUDA: deterministic, fp32 sums of repeated tokens."""
+    if not accumulate:
+        grad_weight.zero_()
+    h = grad_weight.shape[1]
+    grad_weight.index_put_((ids.reshape(-1),), grad_out.reshape(-1, h), accumulate=True)
+
+
+def head_loss(
+    x: torch.Tensor,
+    norm: torch.Tensor,
+    lm: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    eps: float,
+    scale: float,
+    chunk: int | None,
+) -> torch.Tensor:
+    """Final RMSNorm + LM head + cross-entropy: scale x (sum of token losses), an fp32 scalar.
+    x (B, S, H), labels (B, S) already shifted (label t is the token after input t)."""
+    h = fused.rms_norm(x, norm, eps).reshape(-1, x.shape[-1])  # (B S, H)
+    return fused.linear_cross_entropy(h, lm, labels.reshape(-1), chunk=chunk) * scale

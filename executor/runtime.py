@@ -1,0 +1,223 @@
+"""Lane workers: one thread per lane of the Graph, walking that lane's ops in list order.
+
+    main thread ──feeds micro-batches──► gpu lane ─┐  streams (CUDA): gpu = compute,
+                ◄──waits step s's ops───  h2d lane ─┤  h2d, d2h = copy engines;
+                                          d2h lane ─┤  cpu, nvme{k}: host threads
+                                          cpu lane ─┘
+
+Per op a worker (1) optionally sleeps (race knob) or waits for the previous op of the list
+(serial knob), (2) waits for the op's dependencies by their edge type (see `completion`), (3)
+runs the handler of its kind, (4) records a span and marks the op's completion. The executor
+adds no ordering of its own. A failing lane adds a note naming the op, sets the abort flag that
+every wait polls, and the main thread re-raises its exception after joining the lanes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from executor import knobs as knobs_mod
+from executor.adam import HostScratch
+from executor.completion import Aborted, Completions
+from executor.env import Env, LaneState
+from executor.handlers import HANDLERS
+from slide_ir.graph import Graph, Op, lane_kind
+from slide_ir.trace import Span
+
+log = logging.getLogger("executor.runtime")
+
+GPU_LANE_KINDS = ("gpu", "h2d", "d2h")
+
+
+class Recorder:
+    """Spans handed over by the lanes (a lock-guarded list: append only). GPU spans keep their
+    CUDA events until `spans()` resolves them after the work has finished."""
+
+    def __init__(self, cuda: bool) -> None:
+        self._lock = threading.Lock()
+        self._raw: list[tuple[Op, object, object]] = []
+        self.t0 = time.perf_counter()
+        self.origin: torch.cuda.Event | None = None
+        if cuda:
+            torch.cuda.synchronize()
+            self.origin = torch.cuda.Event(enable_timing=True)
+            self.origin.record()
+            self.t0 = time.perf_counter()
+
+    def put(self, op: Op, start: object, end: object) -> None:
+        with self._lock:
+            self._raw.append((op, start, end))
+
+    def _seconds(self, mark: object) -> float:
+        if isinstance(mark, float):
+            return mark - self.t0
+        assert self.origin is not None and isinstance(mark, torch.cuda.Event)
+        return self.origin.elapsed_time(mark) / 1e3
+
+    def spans(self, max_step: int) -> tuple[Span, ...]:
+        """All spans of steps <= max_step (call after the device is synchronised)."""
+        with self._lock:
+            raw = list(self._raw)
+        out = [
+            Span(
+                op_id=op.id,
+                kind=str(op.kind),
+                lane=op.lane,
+                layer=op.layer,
+                step=op.step,
+                start=self._seconds(a),
+                end=self._seconds(b),
+            )
+            for op, a, b in raw
+            if op.step <= max_step
+        ]
+        return tuple(sorted(out, key=lambda s: (s.start, s.end)))
+
+
+@dataclass(kw_only=True)
+class Shared:
+    """What all lane threads of one run share (read-only but for the error slot)."""
+
+    env: Env
+    graph: Graph
+    completions: Completions
+    recorder: Recorder
+    knobs: knobs_mod.Knobs
+    cpu_threads: int | None
+    previous: dict[str, str]  # op id -> the op before it in the list (serial knob)
+    error: list[BaseException]
+    error_lock: threading.Lock
+
+    def fail(self, exc: BaseException) -> None:
+        with self.error_lock:
+            self.error.append(exc)
+        self.env.abort.set()
+
+
+class LaneWorker(threading.Thread):
+    def __init__(self, lane: str, shared: Shared) -> None:
+        super().__init__(name=f"slide-{lane}", daemon=True)
+        self.lane, self.shared = lane, shared
+        self.ops = shared.graph.lane_ops(lane)
+        self.on_stream = shared.env.cuda and lane_kind(lane) in GPU_LANE_KINDS
+        self.rng = random.Random(f"{shared.knobs.delay_seed}:{lane}")
+        self.state = LaneState(lane=lane)
+
+    def _setup(self) -> None:
+        env = self.shared.env
+        if env.cuda:
+            torch.cuda.set_device(env.device)
+        if self.on_stream:
+            self.state.stream = torch.cuda.Stream(device=env.device)
+        if lane_kind(self.lane) == "cpu":
+            if self.shared.cpu_threads:
+                torch.set_num_threads(self.shared.cpu_threads)
+            self.state.scratch = HostScratch(env.moments_bf16)
+
+    def run(self) -> None:
+        op: Op | None = None
+        try:
+            self._setup()
+            for op in self.ops:
+                self._run_op(op)
+        except Aborted:
+            return
+        except BaseException as exc:  # every failure stops the run; the main thread re-raises
+            where = f"while running {op.id} on {self.lane}" if op else f"starting {self.lane}"
+            exc.add_note(where)
+            self.shared.fail(exc)
+
+    def _before(self, op: Op) -> None:
+        s = self.shared
+        if s.knobs.random_delay_ms > 0:
+            time.sleep(self.rng.uniform(0.0, s.knobs.random_delay_ms) / 1e3)
+        prev = s.previous.get(op.id)
+        if s.knobs.serial and prev is not None:
+            s.completions[prev].wait_host(s.env.abort, s.knobs.wait_timeout_s, op.id)
+
+    def _run_op(self, op: Op) -> None:
+        s, env = self.shared, self.shared.env
+        self._before(op)
+        handler, bind = HANDLERS[op.kind], env.bind[op.id]
+        done = s.completions[op.id]
+        timeout = s.knobs.wait_timeout_s
+        if not self.on_stream:
+            for dep in op.deps:
+                s.completions[dep].wait_host(env.abort, timeout, op.id)
+            start = time.perf_counter()
+            handler(env, self.state, op, bind)
+            end = time.perf_counter()
+            done.mark_host_done()
+            s.recorder.put(op, start, end)
+            return
+        stream = self.state.stream
+        with torch.cuda.stream(stream), _nvtx(op.id):
+            for dep in op.deps:
+                s.completions[dep].wait_stream(stream, env.abort, timeout, op.id)
+            start_ev = torch.cuda.Event(enable_timing=True)
+            start_ev.record(stream)
+            handler(env, self.state, op, bind)
+            end_ev = torch.cuda.Event(enable_timing=True)
+            end_ev.record(stream)
+        done.mark_recorded(end_ev)
+        s.recorder.put(op, start_ev, end_ev)
+
+
+@contextlib.contextmanager
+def _nvtx(name: str) -> Iterator[None]:
+    torch.cuda.nvtx.range_push(name)
+    try:
+        yield
+    finally:
+        torch.cuda.nvtx.range_pop()
+
+
+def make_shared(env: Env, graph: Graph, cpu_threads: int | None) -> Shared:
+    ops = graph.ops
+    return Shared(
+        env=env,
+        graph=graph,
+        completions=Completions([op.id for op in ops]),
+        recorder=Recorder(env.cuda),
+        knobs=knobs_mod.from_env(),
+        cpu_threads=cpu_threads,
+        previous={b.id: a.id for a, b in itertools.pairwise(ops)},
+        error=[],
+        error_lock=threading.Lock(),
+    )
+
+
+def start_lanes(shared: Shared) -> list[LaneWorker]:
+    workers = [LaneWorker(lane, shared) for lane in shared.graph.lanes()]
+    for w in workers:
+        w.start()
+    return workers
+
+
+def stop_lanes(shared: Shared, workers: list[LaneWorker], *, abort: bool) -> None:
+    """Join every lane (aborting the ones still waiting when `abort`); re-raise a lane's error."""
+    if abort:
+        shared.env.abort.set()
+    for w in workers:
+        w.join()
+    if shared.error:
+        raise shared.error[0]
+
+
+def wait_ops(shared: Shared, op_ids: list[str]) -> None:
+    """Block the main thread until these ops have finished (host and device work)."""
+    for op_id in op_ids:
+        shared.completions[op_id].wait_host(shared.env.abort, shared.knobs.wait_timeout_s, "main")
+
+
+def lane_error_or(shared: Shared, fallback: Callable[[], BaseException]) -> BaseException:
+    return shared.error[0] if shared.error else fallback()

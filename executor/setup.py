@@ -1,0 +1,184 @@
+"""Building a run: placement, buffers, bindings, environment; and reading memory back.
+
+Everything a run touches is created here, before the first op: the buffers of every pool,
+the static token and loss buffers, RoPE tables, the NVMe files. After this the lanes allocate
+only through torch's caching allocators (autograd's transients, the LCE workspace), which reach
+their steady size on step 1.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor import knobs as knobs_mod
+from executor import layers, state
+from executor.adam import AdamWConfig
+from executor.binding import bind_graph
+from executor.buffers import Buffers, Placement, Setup, allocate, stripe_bytes
+from executor.env import Env, Tokens
+from executor.layout import unit_layouts
+from executor.nvme import NvmeStore, StripeFormat
+from slide_ir.graph import Tier
+from slide_ir.ledger import lce_chunk_tokens, resident_preference
+from slide_ir.planner import Plan
+from slide_ir.trace import MemorySample
+
+
+@dataclass(kw_only=True)
+class Run:
+    plan: Plan
+    env: Env
+    setup: Setup
+
+    def memory_at_start(self, t0: float) -> list[MemorySample]:
+        tiers = self.plan.graph.pools
+        out: dict[str, int] = {}
+        for pool in tiers:
+            out[str(pool.tier)] = out.get(str(pool.tier), 0) + self.env.buffers.allocated.get(
+                pool.name, 0
+            )
+        return [MemorySample(time=0.0, tier=t, bytes=b) for t, b in sorted(out.items())]
+
+    def memory_sample(self, t: float) -> list[MemorySample]:
+        """GPU peak allocated since the last sample (CUDA) and host RSS, at the end of a step."""
+        out = []
+        if self.env.cuda:
+            peak = torch.cuda.max_memory_allocated(self.env.device)
+            torch.cuda.reset_peak_memory_stats(self.env.device)
+            out.append(MemorySample(time=t, tier="gpu", bytes=peak))
+        rss = _rss_bytes()
+        if rss:
+            pinned = sum(
+                self.env.buffers.allocated.get(p.name, 0)
+                for p in self.plan.graph.pools
+                if p.tier == Tier.PINNED
+            )
+            out.append(MemorySample(time=t, tier="pinned", bytes=pinned))
+            out.append(MemorySample(time=t, tier="cpu", bytes=max(rss - pinned, 0)))
+        return out
+
+    def extract(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return state.extract(self.env)
+
+    def close(self) -> None:
+        """Release what outlives garbage collection: pinned registrations, NVMe files."""
+        if self.env.cuda:
+            torch.cuda.synchronize(self.env.device)
+        self.env.buffers.host.close()
+        if self.env.nvme is not None:
+            self.env.nvme.close()
+
+    def meta(self, knobs: knobs_mod.Knobs) -> dict[str, Any]:
+        env = self.env
+        return {
+            "engine": "executor",
+            "device": torch.cuda.get_device_name(env.device) if env.cuda else "cpu",
+            "dtype": str(env.dtype).removeprefix("torch."),
+            "torch": torch.__version__,
+            "intra_op_threads": torch.get_num_threads(),
+            "knobs": {k: getattr(knobs, k) for k in knobs.__slots__},
+            "allocated_bytes": dict(env.buffers.allocated),
+            "resident": sorted(env.placement.resident),
+            "clip": "none",
+        }
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def placement_of(p: Plan) -> Placement:
+    units = tuple(sorted(resident_preference(p.model)))
+    resident = frozenset(p.ledger.resident) if p.config.schedule != "zero-offload" else frozenset()
+    return Placement(schedule=p.config.schedule, resident=resident, units=units)
+
+
+def _nvme(p: Plan, s: Setup, directory: Path) -> tuple[NvmeStore | None, StripeFormat | None]:
+    c = p.config
+    if c.optimizer == "cpu" and c.activations != "nvme":
+        return None, None
+    drives = len(p.machine.nvme)
+    fmt = StripeFormat(
+        drives=drives, master_on_nvme=c.optimizer == "nvme", moments_dtype=s.moments_dtype
+    )
+    sizes = {}
+    if c.optimizer != "cpu":
+        sizes = {u: stripe_bytes(s, s.layouts[u].numel) for u in s.placement.host_updated}
+    return NvmeStore(directory, drives, sizes), fmt
+
+
+def _setup(p: Plan, device: torch.device, dtype: torch.dtype) -> Setup:
+    c, spec = p.config, p.model
+    opt_on_nvme = {"cpu": (), "nvme": ("master", "moments"), "nvme-moments": ("moments",)}
+    return Setup(
+        spec=spec,
+        layouts=unit_layouts(spec),
+        placement=placement_of(p),
+        device=device,
+        dtype=dtype,
+        moments_dtype=torch.float32 if c.moments_dtype == "fp32" else torch.bfloat16,
+        hidden_shape=(c.batch, c.seq, spec.hidden_size),
+        pin=device.type == "cuda",
+        stripes=len(p.machine.nvme) if c.optimizer != "cpu" else 0,
+        opt_on_nvme=opt_on_nvme[c.optimizer],
+    )
+
+
+def build(
+    p: Plan,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    optim: AdamWConfig,
+    step_offset: int,
+    total_steps: int,
+    nvme_dir: Path,
+    initial_state: Mapping[str, torch.Tensor],
+    initial_optim_state: Mapping[str, torch.Tensor] | None,
+) -> Run:
+    s = _setup(p, device, dtype)
+    state.check_names(s.layouts, initial_state, p.model.tied_embeddings)
+    buffers: Buffers = allocate(p.graph, s)
+    store, fmt = _nvme(p, s, nvme_dir)
+    c = p.config
+    env = Env(
+        spec=p.model,
+        layouts=s.layouts,
+        placement=s.placement,
+        buffers=buffers,
+        bind=bind_graph(p.graph, s.placement, tied=p.model.tied_embeddings),
+        rope=layers.make_rope(p.model, c.seq, device, dtype),
+        device=device,
+        dtype=dtype,
+        cuda=device.type == "cuda",
+        optim=optim,
+        step_offset=step_offset,
+        total_steps=total_steps,
+        lce_chunk=lce_chunk_tokens(p.model, c),
+        tokens=Tokens(
+            ids=torch.zeros((c.batch, c.seq), dtype=torch.int64, device=device),
+            labels=torch.zeros((c.batch, c.seq), dtype=torch.int64, device=device),
+        ),
+        loss_dev=torch.zeros(c.steps, dtype=torch.float32, device=device),
+        loss_host=torch.zeros(c.steps, dtype=torch.float32, pin_memory=s.pin),
+        step_t=torch.zeros((), dtype=torch.float32, device=device),
+        abort=threading.Event(),
+        wait_timeout_s=knobs_mod.from_env().wait_timeout_s,
+        act_bytes=c.batch * c.seq * p.model.hidden_size * dtype.itemsize,
+        moments_bf16=s.moments_dtype == torch.bfloat16,
+        nvme=store,
+        stripes=fmt,
+    )
+    state.load(env, initial_state, initial_optim_state)
+    return Run(plan=p, env=env, setup=s)

@@ -1,0 +1,164 @@
+"""Weights and optimizer state in and out of a run, as Hugging Face-named FP32 tensors.
+
+In: the initial state dict (transformers names: `model.layers.3.self_attn.q_proj.weight`, ...)
+and, to resume, the Adam moments (`<name>.exp_avg`, `<name>.exp_avg_sq`). Each unit's tensors
+are packed into its flat layout and put where the plan keeps the unit: FP32 master + moments
+in RAM / on NVMe / on the device, plus the compute-dtype copy the first upload (or the first
+forward, for units living on the device) reads. Out: the same names, read back from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from executor.adam import Part
+from executor.buffers import OptState
+from executor.env import Env
+from executor.layout import UnitLayout
+
+EXP_AVG, EXP_AVG_SQ = ".exp_avg", ".exp_avg_sq"
+
+
+class StateDictError(ValueError):
+    """Missing, unexpected or mis-shaped tensors in an initial state; the message names them."""
+
+
+def check_names(
+    layouts: Mapping[int, UnitLayout], state: Mapping[str, torch.Tensor], tied: bool
+) -> None:
+    want = {e.name: e.shape for lay in layouts.values() for e in lay.hf}
+    have = set(state)
+    if tied:
+        have.discard("lm_head.weight")  # a tied head saved anyway: it is the embedding
+    missing, extra = sorted(set(want) - have), sorted(have - set(want))
+    bad = [
+        f"{n} {tuple(state[n].shape)} != {want[n]}"
+        for n in sorted(have & set(want))
+        if tuple(state[n].shape) != want[n]
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    if extra:
+        problems.append(f"unexpected {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+    if bad:
+        problems.append(f"wrong shape: {'; '.join(bad[:5])}")
+    if problems:
+        raise StateDictError("initial state does not match the model: " + "; ".join(problems))
+
+
+def pack(layout: UnitLayout, named: Mapping[str, torch.Tensor], suffix: str = "") -> torch.Tensor:
+    """A unit's flat FP32 tensor from HF-named tensors (`suffix` picks moments: `.exp_avg`)."""
+    flat = torch.empty(layout.numel, dtype=torch.float32)
+    for name, view in layout.hf_views(flat).items():
+        view.copy_(named[name + suffix])
+    return flat
+
+
+def unpack(layout: UnitLayout, flat: torch.Tensor, suffix: str = "") -> dict[str, torch.Tensor]:
+    flat = flat.detach().to("cpu", torch.float32)
+    return {name + suffix: view.clone() for name, view in layout.hf_views(flat).items()}
+
+
+def _moments(
+    layout: UnitLayout, optim: Mapping[str, torch.Tensor] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if optim is None:
+        zero = torch.zeros(layout.numel)
+        return zero, zero
+    return pack(layout, optim, EXP_AVG), pack(layout, optim, EXP_AVG_SQ)
+
+
+def _fill(state: OptState, master: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+    state.master.copy_(master)
+    state.m.copy_(m)
+    state.v.copy_(v)
+
+
+def load(
+    env: Env, state: Mapping[str, torch.Tensor], optim: Mapping[str, torch.Tensor] | None
+) -> None:
+    """Put the initial weights (and moments) into every unit's homes. Runs before the lanes."""
+    for unit, layout in env.layouts.items():
+        master = pack(layout, state)
+        m, v = _moments(layout, optim)
+        items = env.buffers.items
+        if f"devopt.{unit}" in items:  # resident / gpu-only: everything on the device
+            dev = env.buffers[f"devopt.{unit}"]
+            assert isinstance(dev, OptState)
+            _fill(dev, master.to(env.device), m.to(env.device), v.to(env.device))
+            env.buffers.gpu_unit(f"gpu.{unit}").w.copy_(dev.master)
+            continue
+        if f"master.{unit}" in items:
+            env.buffers.tensor(f"master.{unit}").copy_(master)
+        if f"moments.{unit}" in items:
+            moments = env.buffers.tensor(f"moments.{unit}")
+            moments[: layout.numel].copy_(m)
+            moments[layout.numel :].copy_(v)
+        if env.nvme is not None:
+            _write_stripes(env, unit, master, m, v)
+        env.buffers.tensor(f"bf16.{unit}").copy_(master)
+        if f"gpu.{unit}" in items:  # ZeRO-offload: the whole model starts on the device
+            env.buffers.gpu_unit(f"gpu.{unit}").w.copy_(master)
+    if env.cuda:
+        torch.cuda.synchronize(env.device)
+
+
+def _stripe_parts(env: Env, unit: int) -> list[tuple[torch.Tensor, Part]]:
+    """A fresh staging-like buffer and its typed views, for every stripe of `unit`."""
+    assert env.stripes is not None
+    numel, out = env.layouts[unit].numel, []
+    master = env.buffers.items.get(f"master.{unit}")
+    for k in range(env.stripes.drives):
+        buf = torch.empty(env.stripes.stripe_bytes(numel), dtype=torch.uint8)
+        out.append((buf, env.stripes.part(buf, numel, k, master)))  # type: ignore[arg-type]
+    return out
+
+
+def _write_stripes(
+    env: Env, unit: int, master: torch.Tensor, m: torch.Tensor, v: torch.Tensor
+) -> None:
+    assert env.nvme is not None and env.stripes is not None
+    if unit not in env.nvme.offset:
+        return
+    for k, (buf, part) in enumerate(_stripe_parts(env, unit)):
+        lo, hi = part.lo, part.hi
+        if env.stripes.master_on_nvme:
+            part.state.master.copy_(master[lo:hi])
+        part.state.m.copy_(m[lo:hi])
+        part.state.v.copy_(v[lo:hi])
+        env.nvme.write(k, env.nvme.offset[unit], buf)
+
+
+def _host_state(env: Env, unit: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(master, m, v) of a host-updated unit as flat FP32 tensors, from RAM or NVMe."""
+    numel = env.layouts[unit].numel
+    master = env.buffers.items.get(f"master.{unit}")
+    if env.nvme is None or unit not in env.nvme.offset:
+        moments = env.buffers.tensor(f"moments.{unit}").float()
+        assert isinstance(master, torch.Tensor)
+        return master, moments[:numel], moments[numel:]
+    out = [torch.empty(numel) for _ in range(3)]
+    for k, (buf, part) in enumerate(_stripe_parts(env, unit)):
+        env.nvme.read(k, env.nvme.offset[unit], buf)
+        for t, src in zip(out, (part.state.master, part.state.m, part.state.v), strict=True):
+            t[part.lo : part.hi].copy_(src)
+    return out[0], out[1], out[2]
+
+
+def extract(env: Env) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(weights, moments), HF names, FP32 on the CPU. Call after the lanes have stopped."""
+    weights: dict[str, torch.Tensor] = {}
+    moments: dict[str, torch.Tensor] = {}
+    for unit, layout in env.layouts.items():
+        dev = env.buffers.items.get(f"devopt.{unit}")
+        if isinstance(dev, OptState):
+            master, m, v = dev.master, dev.m, dev.v
+        else:
+            master, m, v = _host_state(env, unit)
+        weights.update(unpack(layout, master))
+        moments.update(unpack(layout, m, EXP_AVG))
+        moments.update(unpack(layout, v, EXP_AVG_SQ))
+    return weights, moments

@@ -1,0 +1,278 @@
+"""`train()`: plan, check, allocate, load, run the Graph's lanes over the batches, hand back.
+
+One call runs `config.steps` optimizer steps (each `config.grad_accum` micro-batches of
+(batch, seq) tokens) and returns the FP32 weights and Adam moments by Hugging Face name, the
+per-step losses and the measured Trace. Periodic checkpoints and resume are consecutive calls:
+pass the previous result's weights and moments back with `start_step` = steps already done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor import setup as setup_mod
+from executor.adam import AdamWConfig
+from executor.env import MicroBatch
+from executor.runtime import make_shared, start_lanes, stop_lanes, wait_ops
+from slide_ir.config import TrainConfig
+from slide_ir.hardware import Machine
+from slide_ir.model import ModelSpec
+from slide_ir.planner import Plan, plan
+from slide_ir.trace import MemorySample, Trace
+
+log = logging.getLogger("executor.train")
+
+OnStep = Callable[[int, float, float, dict[str, Any]], bool | None]
+
+
+class InfeasiblePlanError(RuntimeError):
+    """The plan does not fit the machine (or the real device); the message names the tier."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+class DataError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainResult:
+    final_state: dict[str, torch.Tensor]  # HF names, FP32, CPU
+    optim_state: dict[str, torch.Tensor]  # `<name>.exp_avg`, `<name>.exp_avg_sq`, FP32, CPU
+    losses: list[float]  # mean token loss of each step done
+    lrs: list[float]
+    steps_done: int  # < config.steps when stopped early (on_step returned True, Ctrl-C)
+    interrupted: bool
+    trace: Trace
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def train(
+    model_spec: ModelSpec,
+    machine: Machine,
+    config: TrainConfig,
+    *,
+    initial_state: Mapping[str, torch.Tensor],
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    optim: AdamWConfig | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    on_step: OnStep | None = None,
+    initial_optim_state: Mapping[str, torch.Tensor] | None = None,
+    start_step: int = 0,
+    nvme_dir: str | Path | None = None,
+    the_plan: Plan | None = None,
+) -> TrainResult:
+    """Fine-tune all parameters for `config.steps` optimizer steps. See the module docstring.
+
+    batches: (input_ids, labels) LongTensors (batch, seq), labels already shifted (label t is
+    the token after input t), -100 ignored; `grad_accum` of them per step. on_step(step, loss,
+    lr, metrics) is called on the main thread after each step; returning True stops the run
+    after the steps already handed to the lanes (at most one more). Clipping: none.
+    """
+    p = the_plan or plan(model_spec, machine, config)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    check_feasible(p, dev)
+    optim = optim or AdamWConfig()
+    total = optim.total_steps or (start_step + config.steps)
+    with tempfile.TemporaryDirectory(prefix="slide-nvme-") as tmp:
+        run = setup_mod.build(
+            p,
+            device=dev,
+            dtype=dtype,
+            optim=optim,
+            step_offset=start_step,
+            total_steps=total,
+            nvme_dir=Path(nvme_dir) if nvme_dir else Path(tmp),
+            initial_state=initial_state,
+            initial_optim_state=initial_optim_state,
+        )
+        try:
+            return _drive(p, run, iter(batches), on_step, start_step)
+        finally:
+            run.close()
+
+
+def check_feasible(p: Plan, dev: torch.device) -> None:
+    """Refuse before allocating anything: the ledger against the machine, then the device."""
+    over = p.ledger.overflows()
+    if over:
+        tier, short = over[0]
+        raise InfeasiblePlanError(
+            f"plan does not fit {p.machine.name}: {tier} needs "
+            f"{p.ledger.peak_bytes(tier) / 2**30:.2f} GiB, {short / 2**30:.2f} GiB more than "
+            f"its {p.ledger.capacity_bytes(tier) / 2**30:.2f} GiB"
+        )
+    if dev.type == "cuda":
+        _, total = torch.cuda.mem_get_info(dev)
+        need = p.ledger.peak_bytes("gpu")
+        if need > total:
+            raise InfeasiblePlanError(
+                f"plan needs {need / 2**30:.2f} GiB of GPU memory; {torch.cuda.get_device_name(dev)}"
+                f" has {total / 2**30:.2f} GiB ({(need - total) / 2**30:.2f} GiB short)"
+            )
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    need = p.ledger.peak_bytes("cpu")
+    if need > ram:
+        raise InfeasiblePlanError(
+            f"plan needs {need / 2**30:.2f} GiB of host RAM; this host has {ram / 2**30:.2f} GiB"
+            f" ({(need - ram) / 2**30:.2f} GiB short)"
+        )
+
+
+def _micro_batches(
+    it: Iterator[tuple[torch.Tensor, torch.Tensor]], step: int, p: Plan, pin: bool
+) -> list[MicroBatch]:
+    """The step's micro-batches, checked, each scaled by 1 / (labelled tokens of the step)."""
+    shape = (p.config.batch, p.config.seq)
+    raw = []
+    for micro in range(p.config.grad_accum):
+        try:
+            ids, labels = next(it)
+        except StopIteration:
+            raise DataError(
+                f"the data ran out at step {step}, micro-batch {micro}: the run needs "
+                f"{p.config.steps * p.config.grad_accum} micro-batches of {shape}"
+            ) from None
+        for what, t in (("input_ids", ids), ("labels", labels)):
+            if tuple(t.shape) != shape or t.dtype != torch.int64:
+                raise DataError(
+                    f"step {step}: {what} must be int64 {shape}, got {t.dtype} {tuple(t.shape)}"
+                )
+        raw.append((ids, labels))
+    valid = sum(int((labels != -100).sum()) for _, labels in raw)
+    if valid == 0:
+        raise DataError(f"step {step}: no labelled token (all labels are -100)")
+    return [
+        MicroBatch(
+            step=step,
+            micro=m,
+            ids=ids.pin_memory() if pin else ids,
+            labels=labels.pin_memory() if pin else labels,
+            scale=1.0 / valid,
+        )
+        for m, (ids, labels) in enumerate(raw)
+    ]
+
+
+def _drive(
+    p: Plan,
+    run: setup_mod.Run,
+    it: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    on_step: OnStep | None,
+    start_step: int,
+) -> TrainResult:
+    """The main thread: feed step s+1, wait for step s, report it; stop lanes; collect."""
+    env, steps = run.env, p.config.steps
+    shared = make_shared(env, p.graph, optimizer_threads(p.config) if env.cuda else None)
+    by_step: dict[int, list[str]] = {}
+    for op in p.graph.ops:
+        by_step.setdefault(op.step, []).append(op.id)
+    losses, lrs, samples = [], [], list(run.memory_at_start(shared.recorder.t0))
+    fed, stop, interrupted = 0, False, False
+    workers = []
+    try:
+        fed = _feed(env, it, p, fed + 1)
+        workers = start_lanes(shared)
+        last = shared.recorder.t0
+        for step in range(1, steps + 1):
+            if not stop and fed < steps:
+                fed = _feed(env, it, p, fed + 1)
+            try:
+                wait_ops(shared, by_step[step])
+            except KeyboardInterrupt:
+                log.warning("interrupted: finishing the %d step(s) already started", fed - step + 1)
+                stop, interrupted = True, True
+                wait_ops(shared, by_step[step])
+            now = time.perf_counter()
+            loss = float(env.loss_host[step - 1])
+            lr = env.optim.lr_at(start_step + step, env.total_steps)
+            losses.append(loss)
+            lrs.append(lr)
+            samples.extend(run.memory_sample(now - shared.recorder.t0))
+            if not math.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"step {start_step + step}: loss is {loss}; stopping (this step's update has "
+                    "already been applied: keep the previous checkpoint)"
+                )
+            metrics = _step_metrics(p, now - last)
+            last = now
+            if on_step is not None and on_step(start_step + step, loss, lr, metrics):
+                stop = True
+            if stop and step == fed:
+                break
+    except BaseException:
+        env.abort.set()
+        stop_lanes(shared, workers, abort=True)  # a lane's error, if any, wins
+        raise
+    stop_lanes(shared, workers, abort=len(losses) < steps)
+    if env.cuda:
+        torch.cuda.synchronize(env.device)
+    done = len(losses)
+    weights, moments = run.extract()
+    trace = Trace(
+        spans=shared.recorder.spans(done),
+        memory=tuple(samples),
+        info=p.graph.info,
+        meta=run.meta(shared.knobs),
+    )
+    return TrainResult(
+        final_state=weights,
+        optim_state=moments,
+        losses=losses,
+        lrs=lrs,
+        steps_done=done,
+        interrupted=interrupted,
+        trace=trace,
+        meta=dict(trace.meta),
+    )
+
+
+def optimizer_threads(config: TrainConfig) -> int:
+    """Intra-op threads for the CPU AdamW: `cpu_threads`, else every core but two (one for the
+    Python lane threads issuing GPU work and copies, one for the main thread and the OS). In CPU
+    mode the caller's torch setting is left alone: there the compute shares the cores too."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return config.cpu_threads or max(1, (cores or 1) - 2)
+
+
+def _feed(env: Any, it: Iterator[tuple[torch.Tensor, torch.Tensor]], p: Plan, step: int) -> int:
+    for mb in _micro_batches(it, step, p, pin=env.cuda):
+        env.batches.put(mb)
+    return step
+
+
+def _step_metrics(p: Plan, seconds: float) -> dict[str, Any]:
+    tokens = p.graph.info.tokens_per_step
+    return {
+        "step_time_s": seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds > 0 else float("inf"),
+        "model_tflops": p.graph.info.flops_per_step / seconds / 1e12 if seconds > 0 else 0.0,
+    }
+
+
+__all__ = [
+    "AdamWConfig",
+    "DataError",
+    "InfeasiblePlanError",
+    "MemorySample",
+    "NonFiniteLossError",
+    "TrainResult",
+    "train",
+]

@@ -1,0 +1,107 @@
+"""Shared by the executor's training tests: a tiny model, its data, the plain PyTorch loop the
+executor must reproduce, and the executor run itself (CPU mode, FP32)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from hf_models import hf_model, spec_of, state_dict_fp32, tiny_config
+
+from executor.adam import AdamWConfig
+from executor.train import TrainResult, train
+from slide_ir import TrainConfig, load_machine
+
+B, S, STEPS, LR = 2, 16, 10, 1e-3
+MACHINE = "h200-16c-128g"
+
+
+def model_config(tied: bool) -> dict:
+    """4 layers, hidden 64, vocab 512. No attention biases: a k_proj bias has an (almost) zero
+    gradient by softmax shift-invariance, so Adam turns float noise into full-size steps and no
+    two implementations agree on it."""
+    return tiny_config(
+        "llama",
+        num_hidden_layers=4,
+        tie_word_embeddings=tied,
+        attention_bias=False,
+        mlp_bias=False,
+        rope_scaling=None,
+    )
+
+
+def batches(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """n micro-batches; a few labels are -100 (ignored), as prompt masking makes them."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        ids = torch.randint(0, 512, (B, S), generator=g)
+        labels = torch.randint(0, 512, (B, S), generator=g)
+        labels[i % B, : i % 5] = -100
+        out.append((ids, labels))
+    return out
+
+
+@functools.cache
+def reference(tied: bool, grad_accum: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """transformers + torch.optim.AdamW, FP32: the loss of a step is the mean over its labelled
+    tokens (micro-batch sums / step count), as the executor defines it."""
+    model = hf_model(model_config(tied))
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    data, losses = batches(STEPS * grad_accum), []
+    for step in range(STEPS):
+        micro = data[step * grad_accum : (step + 1) * grad_accum]
+        valid = sum(int((labels != -100).sum()) for _, labels in micro)
+        total = 0.0
+        for ids, labels in micro:
+            logits = model(input_ids=ids).logits.flatten(0, 1)
+            loss = torch.nn.functional.cross_entropy(logits, labels.flatten(), reduction="sum")
+            (loss / valid).backward()
+            total += float(loss.detach() / valid)
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses, state_dict_fp32(model)
+
+
+def run_executor(
+    tied: bool,
+    drives: int = 0,
+    steps: int = STEPS,
+    first_batch: int = 0,
+    train_kwargs: dict | None = None,
+    **config: object,
+) -> TrainResult:
+    """The executor in CPU mode on the same model, data and optimizer (`drives`: NVMe drives,
+    files in a temporary directory; `first_batch`: skip that many micro-batches of the data)."""
+    cfg = model_config(tied)
+    grad_accum = int(config.get("grad_accum", 1))  # type: ignore[call-overload]
+    kwargs = {
+        "initial_state": state_dict_fp32(hf_model(cfg)),
+        "optim": AdamWConfig(lr=LR),
+        "batches": batches(first_batch + steps * grad_accum)[first_batch:],
+        **(train_kwargs or {}),
+    }
+    return train(
+        spec_of(cfg),
+        load_machine(MACHINE, nvme=drives),
+        TrainConfig(batch=B, seq=S, steps=steps, **config),  # type: ignore[arg-type]
+        device="cpu",
+        dtype=torch.float32,
+        **kwargs,
+    )
+
+
+def assert_bitwise_equal(a: TrainResult, b: TrainResult) -> None:
+    assert a.losses == b.losses
+    assert set(a.final_state) == set(b.final_state)
+    for name, t in a.final_state.items():
+        assert torch.equal(t, b.final_state[name]), name
+
+
+def max_rel_error(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """Largest per-tensor relative error ||ours - ref|| / ||ref||, and its tensor's name."""
+    assert set(ours) == set(ref), set(ours) ^ set(ref)
+    errs = {k: float((ours[k] - v).norm() / v.norm()) for k, v in ref.items()}
+    name = max(errs, key=errs.__getitem__)
+    return errs[name], name
