@@ -1,0 +1,125 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Scaling
+# How the sliding schedule behaves as model, batch, memory and schedule change, all predicted by
+# the simulator from the same plans the executor runs.
+# 1. Critical batch (smallest batch with eta >= 1) against model size, per GPU.
+# 2. Throughput against batch, against the compute-only peak.
+# 3. Largest trainable catalog model against host RAM, with and without NVMe.
+# 4. Sliding against the ZeRO-Offload-style synchronous schedule.
+
+# %%
+import matplotlib.pyplot as plt
+
+from slide.api import (
+    TrainConfig,
+    batch_sweep,
+    critical_batch,
+    load_machine,
+    load_model,
+    plan,
+    schedule_sweep,
+)
+
+SIZES = ["qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b"]
+MACHINES = ["paper-pc-4090", "paper-server-a100", "h200-16c-128g"]
+probe = TrainConfig(batch=1, seq=1024, steps=2)
+fig, ax = plt.subplots(figsize=(7, 3.5))
+for machine in MACHINES:
+    m = load_machine(machine)
+    crit = [
+        critical_batch(s, m, probe, max_batch=128, ignore_memory=True).critical_batch for s in SIZES
+    ]
+    params = [load_model(s).total_params / 1e9 for s in SIZES]
+    ax.plot(params, crit, marker="o", label=machine)
+ax.set_xscale("log")
+ax.set_xticks(params, [s.split("-")[1] for s in SIZES])
+ax.minorticks_off()
+ax.set_xlabel("model size (qwen2.5 family, log scale)")
+ax.set_ylabel("critical batch (eta >= 1)")
+ax.set_title("Critical batch barely moves with model size")
+ax.legend()
+plt.tight_layout()
+plt.show()
+
+# %%
+rows = batch_sweep(
+    "llama-3.1-8b",
+    "paper-pc-4090",
+    TrainConfig(batch=1, seq=1024),
+    [1, 2, 4, 8, 16, 24, 32, 48, 64],
+)
+ok = [r for r in rows if r.get("feasible")]
+fig, ax = plt.subplots(figsize=(7, 3.5))
+ax.plot(
+    [r["batch"] for r in ok],
+    [r["tokens_per_s"] for r in ok],
+    marker="o",
+    label="sliding (predicted)",
+)
+ax.plot(
+    [r["batch"] for r in ok],
+    [r["compute_only_tokens_per_s"] for r in ok],
+    ls="--",
+    label="compute-only peak",
+)
+ax.set_xlabel("batch (x 1024 tokens)")
+ax.set_ylabel("tokens/s")
+ax.set_title("llama-3.1-8b on paper-pc-4090")
+ax.legend()
+plt.tight_layout()
+plt.show()
+
+# %%
+from slide_ir.model import model_names
+
+catalog = sorted((load_model(n) for n in model_names()), key=lambda s: s.total_params)
+rams = [64, 128, 256, 512, 1024]
+
+
+def largest(ram_gb, optimizer, activations, nvme):
+    machine = load_machine("paper-pc-4090", ram_gb=ram_gb, nvme=nvme)
+    fits = [
+        s
+        for s in catalog
+        if plan(
+            s, machine, batch=1, seq=1024, steps=1, optimizer=optimizer, activations=activations
+        ).feasible
+    ]
+    return fits[-1].total_params / 1e9 if fits else 0.0
+
+
+fig, ax = plt.subplots(figsize=(7, 3.5))
+ax.plot(
+    rams,
+    [largest(r, "cpu", "cpu", 1) for r in rams],
+    marker="o",
+    label="optimizer + activations in RAM",
+)
+ax.plot(
+    rams, [largest(r, "nvme", "nvme", 2) for r in rams], marker="s", label="both on 2 NVMe drives"
+)
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("host RAM (GiB), RTX 4090 PC")
+ax.set_ylabel("largest catalog model (B params)")
+ax.legend()
+plt.tight_layout()
+plt.show()
+
+# %%
+for row in schedule_sweep("llama-3.1-8b", "h200-16c-128g", TrainConfig(batch=16, seq=1024)):
+    fit = "" if row.get("feasible") else "  (does not fit)"
+    tps = row.get("tokens_per_s")
+    print(f"{row['schedule']:13s} " + (f"{tps:8,.0f} tokens/s" if tps else "   -") + fit)
