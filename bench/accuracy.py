@@ -1,0 +1,103 @@
+"""Simulator vs executor: predicted against measured, per configuration and per op kind.
+
+Input: measured traces (from bench/train_throughput.py --traces), the JSONL of that run (for the
+measured memory peaks), and a machine profile (the calibrated one). Each measured trace's plan is
+re-planned with the profile and simulated; the script prints markdown tables:
+- per configuration: step time, eta, GPU peak, CPU peak (predicted vs measured, error), the
+  per-lane busy-time error;
+- per op kind: measured / predicted mean duration (which cost-model term is off).
+
+    python bench/accuracy.py --traces traces/ --results results.jsonl --machine h200.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from simulator.run import simulate_plan
+from slide_ir.config import TrainConfig
+from slide_ir.hardware import load_machine
+from slide_ir.trace import Trace, trace_metrics
+
+
+def busy(trace: Trace, steps: set[int]) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for s in trace.spans:
+        if s.step in steps:
+            out[s.lane] += s.end - s.start
+    return dict(out)
+
+
+def kind_means(trace: Trace, steps: set[int]) -> dict[str, float]:
+    per: dict[str, list[float]] = defaultdict(list)
+    for s in trace.spans:
+        if s.step in steps:
+            per[str(s.kind)].append(s.end - s.start)
+    return {k: statistics.mean(v) for k, v in per.items()}
+
+
+def err(pred: float, meas: float) -> str:
+    return f"{(pred - meas) / meas:+.1%}" if meas else "n/a"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=Path, required=True)
+    ap.add_argument("--results", type=Path, required=True)
+    ap.add_argument("--machine", required=True)
+    args = ap.parse_args()
+    machine = load_machine(args.machine)
+    rows = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
+    measured_rows = {
+        (r["model"], r["batch"], r["resident"]): r for r in rows if r.get("system") == "slide"
+    }
+    ratios: dict[str, list[float]] = defaultdict(list)
+    print(
+        "| config | step time pred / meas | eta pred / meas | GPU peak pred / meas | CPU peak pred / meas | lane busy error |"
+    )
+    print("|---|---|---|---|---|---|")
+    for path in sorted(args.traces.glob("*.trace.json")):
+        measured = Trace.from_json(path.read_text())
+        info = measured.info
+        resident = path.stem.split("_r")[-1].removesuffix(".trace")
+        row = measured_rows.get((info.model, info.batch, resident), {})
+        config = TrainConfig(
+            batch=info.batch,
+            seq=info.seq,
+            steps=info.steps,
+            resident="auto" if resident == "auto" else int(resident),
+        )
+        sim = simulate_plan(info.model, machine, config, force=True)
+        assert sim.trace is not None
+        pm, mm = trace_metrics(sim.trace, sim.plan.graph), trace_metrics(measured, sim.plan.graph)
+        steady = set(mm.steady_steps)
+        pb, mb = busy(sim.trace, steady), busy(measured, steady)
+        lanes = ", ".join(f"{lane} {err(pb.get(lane, 0), mb[lane])}" for lane in sorted(mb))
+        gpu_pred, cpu_pred = sim.plan.ledger.peak_bytes("gpu"), sim.plan.ledger.peak_bytes("cpu")
+        gpu_meas, cpu_meas = row.get("gpu_peak_allocated", 0), row.get("cpu_peak_rss", 0)
+        print(
+            f"| {info.model} b{info.batch} r{resident} "
+            f"| {pm.step_time_s:.3f} / {mm.step_time_s:.3f} ({err(pm.step_time_s, mm.step_time_s)}) "
+            f"| {pm.eta:.2f} / {mm.eta:.2f} ({err(pm.eta, mm.eta)}) "
+            f"| {gpu_pred / 2**30:.1f} / {gpu_meas / 2**30:.1f} GiB ({err(gpu_pred, gpu_meas)}) "
+            f"| {cpu_pred / 2**30:.1f} / {cpu_meas / 2**30:.1f} GiB ({err(cpu_pred, cpu_meas)}) "
+            f"| {lanes} |"
+        )
+        pk, mk = kind_means(sim.trace, steady), kind_means(measured, steady)
+        for kind, value in mk.items():
+            if pk.get(kind):
+                ratios[kind].append(value / pk[kind])
+    print("\n| op kind | measured / predicted duration (median over configs) | min | max |")
+    print("|---|---|---|---|")
+    for kind, values in sorted(ratios.items()):
+        print(
+            f"| {kind} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
