@@ -176,7 +176,7 @@ def compute_only_point(spec: ModelSpec, batch: int, seq: int, iters: int = 3) ->
     except torch.OutOfMemoryError:
         return row | {"skipped": "out of GPU memory"}
     finally:
-        model = None  # noqa: F841
+        model = None
         torch.cuda.empty_cache()
 
 

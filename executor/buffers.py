@@ -84,17 +84,22 @@ class HostMemory:
     power of two, which could take up to twice the pinned memory the ledger plans."""
 
     def __init__(self, pin: bool) -> None:
-        self.pin = pin
+        self.pin, self.register = pin, True
         self.registered: list[torch.Tensor] = []
 
     def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.empty(numel, dtype=dtype)
-        if self.pin and numel:
+        if not (self.pin and numel):
+            return torch.empty(numel, dtype=dtype)
+        if self.register:
+            t = torch.empty(numel, dtype=dtype)
             err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), numel * dtype.itemsize, 0))
-            if err:
-                raise RuntimeError(f"cudaHostRegister of {numel * dtype.itemsize} B failed ({err})")
-            self.registered.append(t)
-        return t
+            if not err:
+                self.registered.append(t)
+                return t
+            self.register = False  # e.g. a sandboxed driver without host registration
+            log.warning("cudaHostRegister failed (error %d): pinned pools use torch's pinned "
+                        "allocator, which rounds each up to a power of two", err)  # fmt: skip
+        return torch.empty(numel, dtype=dtype, pin_memory=True)
 
     def close(self) -> None:
         """Unregister everything (the tensors must not be used for copies afterwards)."""

@@ -128,10 +128,11 @@ def check_feasible(p: Plan, dev: torch.device) -> None:
             )
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     need = p.ledger.peak_bytes("cpu")
-    if need > ram:
-        raise InfeasiblePlanError(
-            f"plan needs {need / 2**30:.2f} GiB of host RAM; this host has {ram / 2**30:.2f} GiB"
-            f" ({(need - ram) / 2**30:.2f} GiB short)"
+    if need > ram:  # a warning only: some VMs report a MemTotal that grows as memory is used
+        log.warning(
+            "plan needs %.2f GiB of host RAM; this host reports %.2f GiB",
+            need / 2**30,
+            ram / 2**30,
         )
 
 
