@@ -23,7 +23,7 @@ import torch
 from executor import setup as setup_mod
 from executor.adam import AdamWConfig
 from executor.env import MicroBatch
-from executor.runtime import make_shared, start_lanes, stop_lanes, wait_ops
+from executor.runtime import Shared, make_shared, start_lanes, stop_lanes, wait_ops
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import Machine
 from slide_ir.model import ModelSpec
@@ -104,8 +104,18 @@ def train(
         )
         try:
             return _drive(p, run, iter(batches), on_step, start_step)
+        except torch.OutOfMemoryError as exc:
+            exc.add_note(_ledger_note(p))
+            raise
         finally:
             run.close()
+
+
+def _ledger_note(p: Plan) -> str:
+    parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in p.ledger.breakdown("gpu").items())
+    return (
+        f"the ledger planned {p.ledger.peak_bytes('gpu') / 2**30:.2f} GiB on the GPU ({parts} GiB)"
+    )
 
 
 def check_feasible(p: Plan, dev: torch.device) -> None:
@@ -178,70 +188,102 @@ def _drive(
     on_step: OnStep | None,
     start_step: int,
 ) -> TrainResult:
-    """The main thread: feed step s+1, wait for step s, report it; stop lanes; collect."""
-    env, steps = run.env, p.config.steps
+    """Start the lanes, run the main loop, stop the lanes (re-raising a lane's error), collect."""
+    env = run.env
     shared = make_shared(env, p.graph, optimizer_threads(p.config) if env.cuda else None)
-    by_step: dict[int, list[str]] = {}
-    for op in p.graph.ops:
-        by_step.setdefault(op.step, []).append(op.id)
-    losses, lrs, samples = [], [], list(run.memory_at_start(shared.recorder.t0))
-    fed, stop, interrupted = 0, False, False
+    loop = _MainLoop(p, run, shared, it, on_step, start_step)
     workers = []
     try:
-        fed = _feed(env, it, p, fed + 1)
+        loop.feed()
         workers = start_lanes(shared)
-        last = shared.recorder.t0
-        for step in range(1, steps + 1):
-            if not stop and fed < steps:
-                fed = _feed(env, it, p, fed + 1)
-            try:
-                wait_ops(shared, by_step[step])
-            except KeyboardInterrupt:
-                log.warning("interrupted: finishing the %d step(s) already started", fed - step + 1)
-                stop, interrupted = True, True
-                wait_ops(shared, by_step[step])
-            now = time.perf_counter()
-            loss = float(env.loss_host[step - 1])
-            lr = env.optim.lr_at(start_step + step, env.total_steps)
-            losses.append(loss)
-            lrs.append(lr)
-            samples.extend(run.memory_sample(now - shared.recorder.t0))
-            if not math.isfinite(loss):
-                raise NonFiniteLossError(
-                    f"step {start_step + step}: loss is {loss}; stopping (this step's update has "
-                    "already been applied: keep the previous checkpoint)"
-                )
-            metrics = _step_metrics(p, now - last)
-            last = now
-            if on_step is not None and on_step(start_step + step, loss, lr, metrics):
-                stop = True
-            if stop and step == fed:
-                break
+        loop.run()
     except BaseException:
-        env.abort.set()
         stop_lanes(shared, workers, abort=True)  # a lane's error, if any, wins
         raise
-    stop_lanes(shared, workers, abort=len(losses) < steps)
+    stop_lanes(shared, workers, abort=len(loop.losses) < p.config.steps)
     if env.cuda:
         torch.cuda.synchronize(env.device)
-    done = len(losses)
     weights, moments = run.extract()
+    done = len(loop.losses)
     trace = Trace(
         spans=shared.recorder.spans(done),
-        memory=tuple(samples),
+        memory=tuple(loop.samples),
         info=p.graph.info,
         meta=run.meta(shared.knobs),
     )
     return TrainResult(
         final_state=weights,
         optim_state=moments,
-        losses=losses,
-        lrs=lrs,
+        losses=loop.losses,
+        lrs=loop.lrs,
         steps_done=done,
-        interrupted=interrupted,
+        interrupted=loop.interrupted,
         trace=trace,
         meta=dict(trace.meta),
     )
+
+
+class _MainLoop:
+    """The main thread's part: feed step s+1, wait for step s, report it. Feeding one step
+    ahead keeps the lanes busy across the step boundary; stopping (on_step returned True,
+    Ctrl-C) stops feeding, so the state after the last fed step is consistent."""
+
+    def __init__(
+        self,
+        p: Plan,
+        run: setup_mod.Run,
+        shared: Shared,
+        it: Iterator[tuple[torch.Tensor, torch.Tensor]],
+        on_step: OnStep | None,
+        start_step: int,
+    ) -> None:
+        self.p, self.run_, self.shared, self.it = p, run, shared, it
+        self.on_step, self.start_step = on_step, start_step
+        self.by_step: dict[int, list[str]] = {}
+        for op in p.graph.ops:
+            self.by_step.setdefault(op.step, []).append(op.id)
+        self.losses: list[float] = []
+        self.lrs: list[float] = []
+        self.samples = list(run.memory_at_start(shared.recorder.t0))
+        self.fed, self.stop, self.interrupted = 0, False, False
+        self.last = shared.recorder.t0
+
+    def feed(self) -> None:
+        self.fed += 1
+        env = self.run_.env
+        for mb in _micro_batches(self.it, self.fed, self.p, pin=env.cuda):
+            env.batches.put(mb)
+
+    def run(self) -> None:
+        for step in range(1, self.p.config.steps + 1):
+            if not self.stop and self.fed < self.p.config.steps:
+                self.feed()
+            try:
+                wait_ops(self.shared, self.by_step[step])
+            except KeyboardInterrupt:
+                log.warning("interrupted: finishing the %d step(s) started", self.fed - step + 1)
+                self.stop = self.interrupted = True
+                wait_ops(self.shared, self.by_step[step])
+            self.report(step)
+            if self.stop and step == self.fed:
+                return
+
+    def report(self, step: int) -> None:
+        env, now = self.run_.env, time.perf_counter()
+        loss = float(env.loss_host[step - 1])
+        lr = env.optim.lr_at(self.start_step + step, env.total_steps)
+        self.losses.append(loss)
+        self.lrs.append(lr)
+        self.samples.extend(self.run_.memory_sample(now - self.shared.recorder.t0))
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"step {self.start_step + step}: loss is {loss}; stopping (this step's update "
+                "has already been applied: keep the previous checkpoint)"
+            )
+        metrics = _step_metrics(self.p, now - self.last)
+        self.last = now
+        if self.on_step is not None and self.on_step(self.start_step + step, loss, lr, metrics):
+            self.stop = True
 
 
 def optimizer_threads(config: TrainConfig) -> int:
@@ -250,12 +292,6 @@ def optimizer_threads(config: TrainConfig) -> int:
     mode the caller's torch setting is left alone: there the compute shares the cores too."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return config.cpu_threads or max(1, (cores or 1) - 2)
-
-
-def _feed(env: Any, it: Iterator[tuple[torch.Tensor, torch.Tensor]], p: Plan, step: int) -> int:
-    for mb in _micro_batches(it, step, p, pin=env.cuda):
-        env.batches.put(mb)
-    return step
 
 
 def _step_metrics(p: Plan, seconds: float) -> dict[str, Any]:

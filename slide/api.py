@@ -1,9 +1,9 @@
 """The public API: the same operations as the command line, for notebooks and scripts.
 
-    from slide.api import plan, simulate
-    p = plan("llama-3.1-8b", "paper-pc-4090", batch=16, seq=1024)
-    r = simulate("llama-3.1-8b", "paper-pc-4090", batch=16, seq=1024)
-    r.summary()["tokens_per_s"]
+from slide.api import plan, simulate
+p = plan("llama-3.1-8b", "paper-pc-4090", batch=16, seq=1024)
+r = simulate("llama-3.1-8b", "paper-pc-4090", batch=16, seq=1024)
+r.summary()["tokens_per_s"]
 """
 
 from __future__ import annotations

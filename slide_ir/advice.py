@@ -66,4 +66,3 @@ def _largest_batch(model: ModelSpec, machine: Machine, config: TrainConfig) -> i
         else:
             hi = mid
     return lo or None
-
