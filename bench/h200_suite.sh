@@ -9,7 +9,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 t0=$(date +%s)
 python3 -c "from slide.cli import main; raise SystemExit(main(['calibrate', '--nvme-dir', '/tmp/nvme-probe', '--name', 'h200-16c-128g', '--out', '$out/h200-calibrated.toml']))" 2>&1 | tail -3
 echo "calibrate: $(( $(date +%s) - t0 )) s"
-run() { python3 bench/train_throughput.py --machine "$out/h200-calibrated.toml" --traces traces --out "$out/throughput.jsonl" "$@" 2>&1 | grep -v "^INFO" ; }
+run() { python3 -m bench.train_throughput --machine "$out/h200-calibrated.toml" --traces traces --out "$out/throughput.jsonl" "$@" 2>&1 | grep -v "^INFO" ; }
 run --model llama-3.2-3b --batch 8,16,32 --resident 0,auto --compute-only
 echo "3b: $(( $(date +%s) - t0 )) s"
 run --model llama-3.1-8b --batch 16,32 --resident 0 --compute-only

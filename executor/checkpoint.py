@@ -117,6 +117,14 @@ class SafetensorsWeights(Mapping[str, torch.Tensor]):
                 k: "model.safetensors" for k in self._keys(model_dir / "model.safetensors")
             }
 
+    @classmethod
+    def single(cls, file: Path) -> SafetensorsWeights:
+        """Tensors of one safetensors file that is not a model's (e.g. optimizer moments)."""
+        out = cls.__new__(cls)
+        out.dir = file.parent
+        out._where = dict.fromkeys(out._keys(file), file.name)
+        return out
+
     def _keys(self, file: Path) -> list[str]:
         try:
             with safe_open(str(file), framework="pt") as f:

@@ -58,8 +58,11 @@ def pack(layout: UnitLayout, named: Mapping[str, torch.Tensor], suffix: str = ""
 
 
 def unpack(layout: UnitLayout, flat: torch.Tensor, suffix: str = "") -> dict[str, torch.Tensor]:
+    """Views by HF name into `flat` (brought to the CPU in FP32 if it is not there yet). No copy:
+    a finished run hands its buffers over; copying 12 bytes per parameter again at the end is
+    what would overflow host RAM for an 8B model on a 128 GiB host."""
     flat = flat.detach().to("cpu", torch.float32)
-    return {name + suffix: view.clone() for name, view in layout.hf_views(flat).items()}
+    return {name + suffix: view for name, view in layout.hf_views(flat).items()}
 
 
 def _moments(

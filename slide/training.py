@@ -143,6 +143,10 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
             weights, moments = result.final_state, result.optim_state
             if req.out and (result.interrupted or start < config.steps):
                 _save(req, spec, weights, moments, start)
+                # continue from the files: the finished run's buffers are freed before the next
+                # one allocates its own (two copies of 12 B/param would not fit a large model)
+                _, weights, moments = _resume_state(replace(req, resume=req.out), spec, lazy=True)
+                result = replace(result, final_state={}, optim_state={})
             if result.interrupted:
                 break
     finally:
@@ -224,7 +228,9 @@ def _save(
     log.info("checkpoint (%d steps) written to %s", steps_done, out)
 
 
-def _resume_state(req: TrainRequest, spec: ModelSpec) -> tuple[int, Any, Any]:
+def _resume_state(
+    req: TrainRequest, spec: ModelSpec, *, lazy: bool = False
+) -> tuple[int, Any, Any]:
     if not req.resume:
         return 0, None, None
     ckpt = Path(req.resume)
@@ -255,6 +261,8 @@ def _resume_state(req: TrainRequest, spec: ModelSpec) -> tuple[int, Any, Any]:
     if not optim_file.is_file():
         raise CheckpointError(f"{optim_file} is missing")
     weights = SafetensorsWeights(ckpt)
+    if lazy:
+        return int(state["steps_done"]), weights, SafetensorsWeights.single(optim_file)
     return int(state["steps_done"]), {k: weights[k] for k in weights}, load_file(str(optim_file))
 
 

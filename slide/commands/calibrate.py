@@ -49,13 +49,16 @@ def run(args: argparse.Namespace) -> int:
     device = torch.cuda.get_device_name()
     stamp = f"measured: {device}, {datetime.date.today().isoformat()}, slide calibrate"
     cores = len(os.sched_getaffinity(0))
+    threads = max(
+        1, cores - 2
+    )  # the executor's optimizer threads on a CUDA host (see executor.runtime)
     probes = {
         "matmul": lambda: cal.matmul_rate(model),
         "attention": lambda: cal.attention_rate(model),
         "hbm": cal.hbm_rate,
         "link": cal.link_rates,
-        "adam_all": lambda: cal.adam_rate(cores),
-        "adam_half": lambda: cal.adam_rate(max(1, cores // 2)),
+        "adam_all": lambda: cal.adam_rate(threads),
+        "adam_half": lambda: cal.adam_rate(max(1, threads // 2)),
         "cast": lambda: cal.cast_rate(cores),
     }
     if args.nvme_dir:
@@ -85,7 +88,7 @@ def _machine(name: str, device: str, cores: int, got: dict, stamp: str) -> Machi
         attention_tflops=got["attention"].value / 1e12,
     )
     link = got["link"]
-    half = max(1, cores // 2)
+    half = max(1, max(1, cores - 2) // 2)
     adam_all, adam_half = got["adam_all"], got["adam_half"]
     # A per-core rate from the half-core run and a DRAM bound from the all-core run (28 B/elem):
     # rate(threads) = min(threads * per_core, dram / 28) reproduces both measurements.
