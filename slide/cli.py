@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from slide.commands import COMMANDS
 from slide.errors import UserError
 
+GPU_STACK = ("torch", "triton", "transformers", "safetensors")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -40,6 +42,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except (UserError, ValueError, FileNotFoundError) as exc:
         print(f"slide {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name not in GPU_STACK:
+            raise
+        print(
+            f"slide {args.command}: error: needs {exc.name}, which is not installed here: "
+            "install the GPU stack with `pip install -e '.[gpu]'`",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -115,7 +115,7 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
     )
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[req.dtype]
     reporter = _Reporter(req, total=config.steps, start=start)
-    result = None
+    result, losses = None, []
     try:
         while start < config.steps:
             chunk = (
@@ -140,6 +140,7 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
                 start_step=start,
             )
             start += result.steps_done
+            losses += result.losses
             weights, moments = result.final_state, result.optim_state
             if req.out and (result.interrupted or start < config.steps):
                 _save(req, spec, weights, moments, start)
@@ -154,7 +155,7 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
     assert result is not None  # the loop ran: start < steps was checked by the resume logic
     if req.out:
         _save(req, spec, weights, moments, start)
-    return _finish(req, result, start, machine)
+    return _finish(req, result, losses, start, machine)
 
 
 def _saved_plan(path: str | None) -> Plan | None:
@@ -219,8 +220,14 @@ def _save(
         "seed": req.seed,
         "data": req.data,
     }
+    # FP32: the master weights themselves, so --resume continues exactly (transformers loads it
+    # like any checkpoint; pass dtype=torch.bfloat16 to from_pretrained for a BF16 copy)
     out = save_checkpoint(
-        req.out, spec, weights, extra_files={STATE_FILE: json.dumps(state, indent=2)}
+        req.out,
+        spec,
+        weights,
+        dtype=torch.float32,
+        extra_files={STATE_FILE: json.dumps(state, indent=2)},
     )
     tmp = out / f".{OPTIM_FILE}.tmp"
     save_file({k: v.contiguous() for k, v in moments.items()}, str(tmp))
@@ -293,8 +300,9 @@ class _Reporter:
 
 
 def _finish(
-    req: TrainRequest, result: TrainResult, steps_done: int, machine: Machine
+    req: TrainRequest, result: TrainResult, losses: list[float], steps_done: int, machine: Machine
 ) -> dict[str, Any]:
+    """Trace files of the last chunk; losses of the whole run (this invocation)."""
     if req.trace:
         write_atomic(req.trace, json.dumps(to_chrome_trace(result.trace)))
     if req.gantt:
@@ -305,8 +313,8 @@ def _finish(
     return {
         "steps_done": steps_done,
         "interrupted": result.interrupted,
-        "final_loss": result.losses[-1] if result.losses else None,
-        "losses": result.losses,
+        "final_loss": losses[-1] if losses else None,
+        "losses": losses,
         "machine": machine.name,
         "tokens_per_s": m.tokens_per_s,
         "eta": m.eta,

@@ -12,7 +12,6 @@ import json
 
 from slide.commands.common import add_machine_overrides, add_train_config, train_config
 from slide.errors import UserError
-from slide.training import TrainRequest, run_training
 
 NAME = "train"
 HELP = "fine-tune all parameters of a model on one GPU (or the CPU), sliding its layers"
@@ -62,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from slide.training import TrainRequest, run_training  # torch only when training
+
     request = TrainRequest(
         model=args.model,
         machine=args.machine,

@@ -106,7 +106,9 @@ def test_h200_preset_carries_the_measured_gpu_and_link() -> None:
     assert m.gpu.bf16_matmul_tflops == 709.4 and m.gpu.memory_bytes == 143771 * 2**20
     assert (m.link.h2d_bytes_per_s, m.link.duplex_bytes_per_s) == (55.37e9, 50.37e9)
     assert m.ram_bytes == 125 * GIB and m.nvme[0].gds is False
-    assert m.source("gpu.bf16_matmul_tflops").startswith("measured: NVIDIA H200, 2026-11-29, slide calibrate")
+    assert m.source("gpu.bf16_matmul_tflops").startswith(
+        "measured: NVIDIA H200, 2026-11-29, slide calibrate"
+    )
 
 
 def make_cpu(**changes: object) -> Cpu:

@@ -1,0 +1,112 @@
+"""`slide train` on the CPU: checkpoints transformers can load, resume equal to an uninterrupted
+run, metrics per step, bad input refused before the model is built."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slide.cli import main
+
+COMMON = ["--device", "cpu", "--batch", "2", "--seq", "32", "--lr", "1e-3", "--lr-schedule",
+          "constant", "--no-shuffle", "--no-progress"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "tokens.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 512, 20_000))
+    return str(path)
+
+
+def train(capsys, *argv):
+    code = main(["train", *COMMON, *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_checkpoint_metrics_and_reload(tmp_path, tokens, capsys):
+    from transformers import AutoModelForCausalLM
+
+    out, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    code, stdout, _ = train(
+        capsys,
+        "--data",
+        tokens,
+        "--steps",
+        "4",
+        "--save-every",
+        "2",
+        "--out",
+        str(out),
+        "--metrics",
+        str(metrics),
+    )
+    assert code == 0
+    summary = json.loads(stdout)
+    assert summary["steps_done"] == 4 and len(summary["losses"]) == 4
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all({"loss", "lr", "tokens_per_s"} <= r.keys() for r in rows)
+    assert json.loads((out / "slide_state.json").read_text())["steps_done"] == 4
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert sum(p.numel() for p in model.parameters()) == 250_432
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path, tokens, capsys):
+    whole, half, resumed = tmp_path / "whole", tmp_path / "half", tmp_path / "resumed"
+    assert train(capsys, "--data", tokens, "--steps", "4", "--out", str(whole))[0] == 0
+    assert train(capsys, "--data", tokens, "--steps", "2", "--out", str(half))[0] == 0
+    code, stdout, _ = train(
+        capsys, "--data", tokens, "--steps", "4", "--resume", str(half), "--out", str(resumed)
+    )
+    assert code == 0 and json.loads(stdout)["steps_done"] == 4
+    a = load_file(str(whole / "model.safetensors"))
+    b = load_file(str(resumed / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ma, mb = (
+        load_file(str(whole / "optimizer.safetensors")),
+        load_file(str(resumed / "optimizer.safetensors")),
+    )
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--data", "/nonexistent/tokens.npy"], "does not exist"),
+        (["--clip", "global"], "only 'none' is implemented"),
+        (["--betas", "0.9"], "--betas must be two numbers"),
+        (["--resume", "/nonexistent/ckpt"], "slide_state.json is missing"),
+    ],
+)
+def test_bad_input_is_refused_with_one_line(capsys, argv, needle):
+    code, _, err = train(capsys, "--steps", "1", *argv)
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_resume_with_another_batch_is_refused(tmp_path, tokens, capsys):
+    assert train(capsys, "--data", tokens, "--steps", "1", "--out", str(tmp_path / "c"))[0] == 0
+    code, _, err = train(
+        capsys, "--data", tokens, "--steps", "2", "--resume", str(tmp_path / "c"), "--batch", "4"
+    )
+    assert code == 2 and "different ['batch']" in err
+
+
+def test_float_token_file_is_refused_before_training(tmp_path, capsys):
+    np.save(tmp_path / "f.npy", np.zeros(1000, dtype=np.float32))
+    code, _, err = train(capsys, "--data", str(tmp_path / "f.npy"), "--steps", "1")
+    assert code == 2 and "1-D integer array" in err
+
+
+def test_missing_gpu_stack_is_one_line(monkeypatch, capsys):
+    import slide.commands.train as train_cmd
+
+    def no_torch(args):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(train_cmd, "run", no_torch)
+    code = main(["train"])
+    assert code == 2 and "install the GPU stack" in capsys.readouterr().err
