@@ -68,15 +68,7 @@ class Recorder:
         with self._lock:
             raw = list(self._raw)
         out = [
-            Span(
-                op_id=op.id,
-                kind=str(op.kind),
-                lane=op.lane,
-                layer=op.layer,
-                step=op.step,
-                start=self._seconds(a),
-                end=self._seconds(b),
-            )
+            Span.of(op, self._seconds(a), self._seconds(b))
             for op, a, b in raw
             if op.step <= max_step
         ]

@@ -106,17 +106,7 @@ class _Run:
             for s in op.releases:
                 self.slots[s].release(self.held.pop(s))
                 self.memory.change(env.now, s, -1)
-            self.spans.append(
-                Span(
-                    op_id=op.id,
-                    kind=str(op.kind),
-                    lane=op.lane,
-                    layer=op.layer,
-                    step=op.step,
-                    start=float(start),
-                    end=float(env.now),
-                )
-            )
+            self.spans.append(Span.of(op, float(start), float(env.now)))
             self.done[op.id].succeed()
 
 

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from slide_ir.graph import Graph, GraphInfo, lane_kind
+from slide_ir.graph import Graph, GraphInfo, Op, lane_kind
 
 TRACE_VERSION = 1
 # GPU work that is model compute (what a compute-only run would still do).
@@ -42,6 +42,12 @@ class Span:
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+    @classmethod
+    def of(cls, op: Op, start: float, end: float) -> Span:
+        """The span of one op: both engines record them this way."""
+        return cls(op_id=op.id, kind=str(op.kind), lane=op.lane, layer=op.layer, step=op.step,
+                   start=start, end=end)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
