@@ -443,3 +443,34 @@ def _unit_groups(model: ModelSpec, units: list[int]) -> Iterator[tuple[str, list
     for name, members in groups.items():
         if members and unit_params(model, members[0]) > 0:
             yield name, members
+
+
+# -- data-parallel baselines -----------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateBytes:
+    """Bytes per parameter of each training state (mixed precision with FP32 master + Adam)."""
+
+    weights: int = BF16
+    grads: int = FP32
+    master: int = FP32
+    moments: int = 2 * FP32
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.master + self.moments
+
+
+def zero_bytes_per_gpu(
+    params: int, stage: int, replicas: int, sizes: StateBytes = StateBytes()
+) -> int:
+    """Model-state bytes per GPU under ZeRO stage 0-3 over `replicas` data-parallel GPUs
+    (Rajbhandari et al. 2020): stage 1 shards the optimizer states (master + moments), stage 2
+    also the gradients, stage 3 also the weights. With the default sizes (2+4+4+8 = 18 B):
+    M0 = 18P, M1 = 6P + 12P/D, M2 = 2P + 16P/D, M3 = 18P/D. Activations are not included."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    opt = sizes.master + sizes.moments
+    sharded = {0: 0, 1: opt, 2: opt + sizes.grads, 3: sizes.total}[stage]
+    return (sizes.total - sharded) * params + -(-sharded * params // replicas)

@@ -159,3 +159,30 @@ def test_infeasible_plan_reports_tier(pc):
     p = plan(model, replace(pc, ram_bytes=128 * 10**9), TrainConfig(batch=16, seq=1024))
     over = dict(p.ledger.overflows())
     assert over["cpu"] > 12 * model.total_params - 128 * 10**9 - 1
+
+
+@pytest.mark.parametrize(
+    ("stage", "per_param"),
+    [
+        (0, lambda d: 18),
+        (1, lambda d: 6 + 12 / d),
+        (2, lambda d: 2 + 16 / d),
+        (3, lambda d: 18 / d),
+    ],
+)
+def test_zero_stage_formulas(stage, per_param):
+    from slide_ir.ledger import zero_bytes_per_gpu
+
+    p = 8_030_261_248
+    for d in (1, 2, 8):
+        assert zero_bytes_per_gpu(p, stage, d) == pytest.approx(per_param(d) * p, abs=1)
+
+
+def test_zero_state_sizes_are_parameters():
+    from slide_ir.ledger import StateBytes, zero_bytes_per_gpu
+
+    bf16_moments = StateBytes(moments=4)  # 2 + 4 + 4 + 4 = 14 B per parameter
+    assert zero_bytes_per_gpu(1000, 0, 4, bf16_moments) == 14_000
+    assert zero_bytes_per_gpu(1000, 3, 4, bf16_moments) == 3_500
+    with pytest.raises(ValueError, match="stage must be 0, 1, 2 or 3"):
+        zero_bytes_per_gpu(1000, 4, 2)
