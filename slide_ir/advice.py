@@ -26,8 +26,12 @@ def suggest_fixes(
         batch = _largest_batch(model, machine, config)
         if batch:
             out.append(f"reduce the batch to {batch} (--batch {batch})")
-        if config.cache_units > 2 and _fits(model, machine, replace(config, cache_units=2), "gpu"):
-            out.append("use two GPU cache units (--cache-units 2)")
+        if config.cache_units > 2:
+            two = replace(config, cache_units=2)
+            if _fits(model, machine, two, "gpu"):
+                out.append("use two GPU cache units (--cache-units 2)")
+            elif not batch and (both := _largest_batch(model, machine, two)):
+                out.append(f"two GPU cache units and batch {both} (--cache-units 2 --batch {both})")
         need = ledger.peak_bytes("gpu") / GB
         out.append(f"use a GPU with at least {need:.1f} GB")
     if "cpu" in over:
