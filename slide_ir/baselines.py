@@ -16,6 +16,7 @@ from slide_ir.schedules import (
     adam_work,
     backward,
     forward,
+    gpu_adam_work,
     param_bytes,
     prefetch_activations,
 )
@@ -90,5 +91,5 @@ def emit_gpu_only(ctx: Ctx) -> None:
                 "gpu",
                 step=step,
                 layer=u,
-                work=adam_work(ctx, u),
+                work=gpu_adam_work(ctx, u),
             )

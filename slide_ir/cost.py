@@ -2,8 +2,9 @@
 
 Roofline style, one handler per `OpKind` (a test checks the table covers every kind):
 
-- GPU compute (fwd, recompute, bwd, loss): max(FLOPs / achieved BF16 matmul rate, bytes / HBM
-  bandwidth), the second term only when the planner gives the op bytes;
+- GPU compute (fwd, recompute, bwd, loss): matmul FLOPs / achieved BF16 matmul rate + attention
+  FLOPs / achieved SDPA rate + elementwise bytes / HBM bandwidth. The three run as separate,
+  serial kernels, so their times add (a roofline max would assume they overlap);
 - `gpu_adam`: memory bound, bytes touched / HBM bandwidth;
 - transfers on `h2d`/`d2h`: bytes / the link's *duplex* rate (each way, both directions busy). The
   sliding schedule overlaps uploads with downloads during backward, where they matter most; using
@@ -60,6 +61,7 @@ class _Rates:
     """The machine's rates with efficiencies applied, resolved once (in units per second)."""
 
     flops: float
+    attention: float
     hbm: float
     link: float
     adam: Callable[[int], float]  # bytes per element -> elements/s
@@ -90,6 +92,7 @@ class CostModel:
         r = self.rates
         return {
             "matmul_flops_per_s": r.flops,
+            "attention_flops_per_s": r.attention,
             "hbm_bytes_per_s": r.hbm,
             "link_bytes_per_s": r.link,
             "adam_elems_per_s_fp32": r.adam(28),
@@ -115,6 +118,7 @@ def _resolve(machine: Any, threads: int | None, eff: Efficiency) -> _Rates:
 
     return _Rates(
         flops=gpu.bf16_matmul_tflops * 1e12 * eff.matmul,
+        attention=gpu.attention_tflops * 1e12 * eff.matmul,
         hbm=gpu.hbm_bytes_per_s * eff.hbm,
         link=link.duplex_bytes_per_s * eff.link,
         adam=adam,
@@ -131,7 +135,8 @@ def _cast_rate(cpu: Any, threads: int | None) -> float:
 
 # -- handlers -----------------------------------------------------------------------------------
 def _gpu_compute(cm: CostModel, op: Op) -> float:
-    return max(op.work.flops / cm.rates.flops, op.work.bytes / cm.rates.hbm)
+    w, r = op.work, cm.rates
+    return (w.flops - w.attn_flops) / r.flops + w.attn_flops / r.attention + w.bytes / r.hbm
 
 
 def _gpu_adam(cm: CostModel, op: Op) -> float:

@@ -70,13 +70,16 @@ class Work:
     """Physical work of an op, never seconds: the cost model turns it into time."""
 
     flops: float = 0.0
-    bytes: int = 0  # bytes moved (transfers) or touched (optimizer)
+    attn_flops: float = 0.0  # the part of `flops` spent in attention (SDPA runs at its own rate)
+    bytes: int = 0  # bytes moved (transfers), touched (optimizer) or streamed by GPU kernels
     elements: int = 0  # parameters updated or cast
 
     def __post_init__(self) -> None:
-        for name in ("flops", "bytes", "elements"):
+        for name in ("flops", "attn_flops", "bytes", "elements"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Work.{name} must be >= 0, got {getattr(self, name)}")
+        if self.attn_flops > self.flops:
+            raise ValueError(f"Work.attn_flops ({self.attn_flops}) exceeds flops ({self.flops})")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -181,6 +181,21 @@ class ModelSpec:
         """Forward FLOPs of one layer (also the cost of its recompute under checkpointing)."""
         return self.linear_fwd_flops(batch, seq) + self.attention_fwd_flops(batch, seq)
 
+    def layer_elementwise_bytes(self, batch: int, seq: int) -> int:
+        """HBM traffic of one layer's forward outside the matmuls and attention, BF16: two
+        RMSNorms (read x, write y: 4h B/token each), RoPE on q and k (read + write: 4(q+kv) B),
+        SwiGLU (read gate and up, write the product: 6I B), two residual adds (read 2, write 1:
+        12h B). The backward moves about twice this. Norm weights and rstd are ignored."""
+        per_token = 8 * self.hidden_size + 4 * (self.q_dim + self.kv_dim)
+        per_token += 6 * self.intermediate_size + 12 * self.hidden_size
+        return batch * seq * per_token
+
+    def head_elementwise_bytes(self, batch: int, seq: int) -> int:
+        """HBM traffic of the fused loss outside its GEMMs: each chunk's logits are written in
+        FP32 by the GEMM and read by the softmax kernel (8 B), which writes their BF16 gradient
+        (2 B) for the two backward GEMMs to read (4 B): 14 B per logit."""
+        return 14 * batch * seq * self.vocab_size
+
     def layer_bwd_flops(self, batch: int, seq: int) -> float:
         """Backward = 2x forward (input grad + weight grad per matmul), attention included.
 

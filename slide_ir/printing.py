@@ -16,7 +16,7 @@ from dataclasses import fields
 
 from slide_ir.graph import Graph, GraphError, GraphInfo, Op, OpKind, Pool, Tier, Work
 
-_WORK = ("flops", "bytes", "elements")
+_WORK = ("flops", "attn_flops", "bytes", "elements")
 _LISTS = ("deps", "acquires", "releases")
 
 
@@ -109,6 +109,7 @@ def _parse_op(op_id: str, kv: dict[str, str]) -> Op:
         layer=int(kv["layer"]),
         work=Work(
             flops=float(kv.get("flops", 0)),
+            attn_flops=float(kv.get("attn_flops", 0)),
             bytes=int(kv.get("bytes", 0)),
             elements=int(kv.get("elements", 0)),
         ),

@@ -90,7 +90,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
             "gpu",
             step=step,
             layer=i,
-            work=Work(flops=m.layer_fwd_flops(*bs)),
+            work=layer_work(m, c, backward=False),
             deps=[ctx.weights_ready.get(i)],
             acquire=["gpu_acts"],
             scratch=["gpu_workspace"],
@@ -106,7 +106,10 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         "gpu",
         step=step,
         layer=n + 1,
-        work=Work(flops=m.head_fwd_flops(*bs) + m.head_bwd_flops(*bs)),
+        work=Work(
+            flops=m.head_fwd_flops(*bs) + m.head_bwd_flops(*bs),
+            bytes=m.head_elementwise_bytes(*bs),
+        ),
         deps=[ctx.weights_ready.get(n + 1)],
         scratch=["gpu_workspace"],
         release=[ctx.act_gpu.pop(n + 1)],
@@ -117,7 +120,6 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
     """Layers n..1: (load input,) recompute, backward; then the embedding's backward.
     `before_layer(j)` issues prefetches; `after_bwd(u)` sends unit u's gradients on."""
     m, c, b = ctx.model, ctx.config, ctx.b
-    bs = (c.batch, c.seq)
 
     def oid(u: int, w: str) -> str:
         return ctx.oid(step, micro, u, w)
@@ -130,7 +132,7 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             "gpu",
             step=step,
             layer=j,
-            work=Work(flops=m.layer_fwd_flops(*bs)),
+            work=layer_work(m, c, backward=False),
             deps=[ctx.weights_ready.get(j), ctx.act_ready.pop(j)],
             acquire=["gpu_workspace"],
         )
@@ -140,12 +142,24 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             "gpu",
             step=step,
             layer=j,
-            work=Work(flops=m.layer_bwd_flops(*bs)),
+            work=layer_work(m, c, backward=True),
             release=[ctx.workspace, ctx.act_gpu.pop(j)],
         )
         after_bwd(j)
     b.emit(oid(0, "bwd"), K.BWD, "gpu", step=step, layer=0, work=Work(bytes=ctx.hidden_bytes))
     after_bwd(0)
+
+
+def layer_work(model: ModelSpec, config: TrainConfig, *, backward: bool) -> Work:
+    """One decoder layer's forward (or recompute) or backward: matmul and attention FLOPs, and
+    the elementwise kernels' HBM traffic (the backward's is about twice the forward's)."""
+    bs = (config.batch, config.seq)
+    scale = 2 if backward else 1
+    return Work(
+        flops=scale * model.layer_fwd_flops(*bs),
+        attn_flops=scale * model.attention_fwd_flops(*bs),
+        bytes=scale * model.layer_elementwise_bytes(*bs),
+    )
 
 
 def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:
@@ -242,6 +256,13 @@ def _drive(ctx: Ctx, layer: int) -> str:
 def adam_work(ctx: Ctx, unit: int) -> Work:
     p = unit_params(ctx.model, unit)
     return Work(elements=p, bytes=p * adam_bytes_per_param(ctx.config))
+
+
+def gpu_adam_work(ctx: Ctx, unit: int) -> Work:
+    """The GPU AdamW of a resident unit: the host update's 28 B/param plus the BF16 gradient's
+    FP32 upcast through a temporary (written, then read: 8 B)."""
+    p = unit_params(ctx.model, unit)
+    return Work(elements=p, bytes=p * (adam_bytes_per_param(ctx.config) + 2 * FP32))
 
 
 def grad_accum_work(ctx: Ctx, unit: int) -> Work:

@@ -16,6 +16,7 @@ from slide_ir.schedules import (
     adam_work,
     backward,
     forward,
+    gpu_adam_work,
     grad_accum_work,
     param_bytes,
     prefetch_activations,
@@ -115,7 +116,7 @@ class _Micro:
             if self.last:
                 op_id = ctx.sid(step, unit, "gpu_adam")
                 ctx.b.emit(
-                    op_id, K.GPU_ADAM, "gpu", step=step, layer=unit, work=adam_work(ctx, unit)
+                    op_id, K.GPU_ADAM, "gpu", step=step, layer=unit, work=gpu_adam_work(ctx, unit)
                 )
                 ctx.last_update[unit] = op_id
             return

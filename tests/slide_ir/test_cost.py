@@ -46,6 +46,7 @@ MACHINE = Machine(
     * 2,
 )
 NO_LAUNCH = Efficiency(launch_s=0.0)
+ATTN = 50e12  # the toy GPU's attention_tflops
 
 
 def _op(kind, lane="gpu", **work):
@@ -63,7 +64,12 @@ def test_every_kind_has_a_handler():
         (_op(OpKind.BWD, flops=2e12), 0.02),
         (_op(OpKind.RECOMPUTE, flops=1e12), 0.01),
         (_op(OpKind.LOSS, flops=5e11), 0.005),
-        (_op(OpKind.FWD, flops=1e6, bytes=10**9), 0.001),  # memory bound: 1 GB / 1 TB/s
+        # matmul, attention and elementwise kernels run one after another: their times add
+        (
+            _op(OpKind.FWD, flops=1e6, bytes=10**9),
+            1e-8 + 0.001,
+        ),  # 1e6 / 100 TFLOP/s + 1 GB / 1 TB/s
+        (_op(OpKind.BWD, flops=2e12, attn_flops=1e12, bytes=10**9), 0.01 + 1e12 / ATTN + 0.001),
         (_op(OpKind.GPU_ADAM, bytes=10**10), 0.01),
         (_op(OpKind.H2D_PARAM, "h2d", bytes=2 * 10**9), 0.1),  # duplex 20 GB/s
         (_op(OpKind.ACT_LOAD, "h2d", bytes=10**9), 0.05),
