@@ -13,7 +13,6 @@ from slide_ir.graph import OpKind, Work
 from slide_ir.schedules import (
     Ctx,
     OptimizerIo,
-    adam_work,
     backward,
     forward,
     gpu_adam_work,
@@ -52,18 +51,8 @@ def emit_zero_offload(ctx: Ctx) -> None:
                 deps=[last_bwd],
             )
         all_down = ctx.sid(step, units[-1], "g.d2h")
-        for q, u in enumerate(units):
-            reads = io.prefetch(units, q)
-            ctx.b.emit(
-                ctx.sid(step, u, "adam"),
-                K.ADAM,
-                "cpu",
-                step=step,
-                layer=u,
-                work=adam_work(ctx, u),
-                deps=[all_down, *reads],
-            )
-            io.write_back(u, ctx.sid(step, u, "adam"))
+        for u in units:
+            io.update(units, u, deps=[all_down])
         all_updated = ctx.sid(step, units[-1], "adam")
         for u in units:
             op_id = ctx.sid(step, u, "w.h2d")

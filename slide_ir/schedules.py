@@ -323,6 +323,19 @@ class OptimizerIo:
             slots.append(slot)
         self.reads[unit], self.staging[unit] = ids, tuple(slots)
 
+    def update(
+        self, order: list[int], unit: int, *, deps: list[str], release: tuple[str, ...] = ()
+    ) -> None:
+        """The CPU AdamW of `unit` (state read ahead from NVMe first, written back after);
+        `order` is the order the updates are emitted in, for the read-ahead."""
+        ctx = self.ctx
+        reads = self.prefetch(order, order.index(unit))
+        op_id = ctx.sid(self.step, unit, "adam")
+        ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, layer=unit, work=adam_work(ctx, unit),
+                   deps=[*deps, *reads], release=release)  # fmt: skip
+        self.write_back(unit, op_id)
+        ctx.last_update[unit] = op_id
+
     def write_back(self, unit: int, update_op: str) -> None:
         """Emit the writes after `update_op`. The next step's read of the same stripe comes
         later on the same drive's lane, so lane order keeps it behind its write."""

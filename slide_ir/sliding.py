@@ -13,7 +13,6 @@ from slide_ir.graph import OpKind, Work
 from slide_ir.schedules import (
     Ctx,
     OptimizerIo,
-    adam_work,
     backward,
     forward,
     gpu_adam_work,
@@ -144,17 +143,4 @@ class _Micro:
                 release=[landing],
             )
             return
-        reads = self.io.prefetch(self.order, self.order.index(unit))
-        adam = ctx.sid(step, unit, "adam")
-        ctx.b.emit(
-            adam,
-            K.ADAM,
-            "cpu",
-            step=step,
-            layer=unit,
-            work=adam_work(ctx, unit),
-            deps=[d2h, *reads],
-            release=[landing],
-        )
-        self.io.write_back(unit, adam)
-        ctx.last_update[unit] = adam
+        self.io.update(self.order, unit, deps=[d2h], release=(landing,))
