@@ -1,19 +1,18 @@
 """Simulator vs executor: predicted against measured, per configuration and per op kind.
 
-Input: measured traces (from bench/train_throughput.py --traces), the JSONL of that run (for the
-measured memory peaks), and a machine profile (the calibrated one). Each measured trace's plan is
+Input: measured traces (from bench/train_throughput.py --traces; they carry the executor's memory
+samples) and a machine profile (the calibrated one). Each measured trace's plan is
 re-planned with the profile and simulated; the script prints markdown tables:
 - per configuration: step time, eta, GPU peak, CPU peak (predicted vs measured, error), the
   per-lane busy-time error;
 - per op kind: measured / predicted mean duration (which cost-model term is off).
 
-    python bench/accuracy.py --traces traces/ --results results.jsonl --machine h200.toml
+    python -m bench.accuracy --traces traces/ --machine h200.toml
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 from simulator.run import simulate_plan
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import load_machine
+from slide_ir.ledger import CUDA_CONTEXT_BYTES
 from slide_ir.trace import Trace, trace_metrics
 
 
@@ -47,14 +47,9 @@ def err(pred: float, meas: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=Path, required=True)
-    ap.add_argument("--results", type=Path, required=True)
     ap.add_argument("--machine", required=True)
     args = ap.parse_args()
     machine = load_machine(args.machine)
-    rows = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
-    measured_rows = {
-        (r["model"], r["batch"], r["resident"]): r for r in rows if r.get("system") == "slide"
-    }
     ratios: dict[str, list[float]] = defaultdict(list)
     print(
         "| config | step time pred / meas | eta pred / meas | GPU peak pred / meas | CPU peak pred / meas | lane busy error |"
@@ -64,7 +59,6 @@ def main() -> None:
         measured = Trace.from_json(path.read_text())
         info = measured.info
         resident = path.stem.split("_r")[-1].removesuffix(".trace")
-        row = measured_rows.get((info.model, info.batch, resident), {})
         config = TrainConfig(
             batch=info.batch,
             seq=info.seq,
@@ -77,8 +71,11 @@ def main() -> None:
         steady = set(mm.steady_steps)
         pb, mb = busy(sim.trace, steady), busy(measured, steady)
         lanes = ", ".join(f"{lane} {err(pb.get(lane, 0), mb[lane])}" for lane in sorted(mb))
-        gpu_pred, cpu_pred = sim.plan.ledger.peak_bytes("gpu"), sim.plan.ledger.peak_bytes("cpu")
-        gpu_meas, cpu_meas = row.get("gpu_peak_allocated", 0), row.get("cpu_peak_rss", 0)
+        # GPU: the ledger less the CUDA context (max_memory_allocated does not see it) against the
+        # executor's own samples (allocator peak per step); CPU: the ledger against its RSS samples
+        gpu_pred = sim.plan.ledger.peak_bytes("gpu") - CUDA_CONTEXT_BYTES
+        cpu_pred = sim.plan.ledger.peak_bytes("cpu")
+        gpu_meas, cpu_meas = mm.peak_bytes.get("gpu", 0), mm.peak_bytes.get("host", 0)
         print(
             f"| {info.model} b{info.batch} r{resident} "
             f"| {pm.step_time_s:.3f} / {mm.step_time_s:.3f} ({err(pm.step_time_s, mm.step_time_s)}) "

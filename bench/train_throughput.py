@@ -136,7 +136,8 @@ def slide_point(
         "gpu_util": m.gpu_util,
         "bottleneck": m.bottleneck,
         "losses": result.losses,
-        "gpu_peak_allocated": torch.cuda.max_memory_allocated(),
+        # the executor samples (and resets) the allocator's peak once per step: take the max
+        "gpu_peak_allocated": m.peak_bytes.get("gpu", 0),
         "gpu_peak_reserved": torch.cuda.max_memory_reserved(),
         "cpu_peak_rss": rss.peak,
     }
