@@ -12,6 +12,7 @@ layers x 9 ops x 3 steps) are unreadable in full, so by default a trace of more 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
@@ -230,3 +231,34 @@ def plot_sweep(
 
 def _numeric(values: Sequence[object]) -> bool:
     return all(isinstance(v, int | float) for v in values)
+
+
+def plot_gantt_pair(predicted: Trace, measured: Trace, path: str | Path) -> Path:
+    """Predicted above measured, each over its first steady step, on one time axis measured from
+    the step's start, so the two timelines line up lane by lane."""
+    fig, axes = plt.subplots(
+        2,
+        1,
+        sharex=True,
+        figsize=(16, 2.5 + 0.7 * (len(predicted.lanes()) + len(measured.lanes()))),
+    )
+    for ax, trace, name in ((axes[0], predicted, "predicted"), (axes[1], measured, "measured")):
+        lo, hi = step_window(trace, _steady_step(trace))
+        shifted = _shift(trace, lo)
+        _draw_lanes(ax, shifted, 0.0, hi - lo, fig)
+        ax.set_title(
+            f"{name}: step {_steady_step(trace)}, {hi - lo:.3f} s", loc="left", fontsize=10
+        )
+    axes[1].set_xlabel("time since the step's start (s)")
+    info = measured.info
+    fig.suptitle(f"{info.schedule}: {info.model}, batch {info.batch} x seq {info.seq}")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _shift(trace: Trace, origin: float) -> Trace:
+    spans = tuple(replace(s, start=s.start - origin, end=s.end - origin) for s in trace.spans)
+    return replace(trace, spans=spans)

@@ -72,6 +72,7 @@ class TrainRequest:
     plan_file: str | None = None  # a saved plan: its model, machine and config win
     trace: str | None = None
     gantt: str | None = None
+    save_trace: str | None = None  # the measured Trace in Slide's format (for compare-trace)
     progress: bool = True
 
 
@@ -305,6 +306,8 @@ def _finish(
     """Trace files of the last chunk; losses of the whole run (this invocation)."""
     if req.trace:
         write_atomic(req.trace, json.dumps(to_chrome_trace(result.trace)))
+    if req.save_trace:
+        write_atomic(req.save_trace, result.trace.to_json())
     if req.gantt:
         from slide.gantt import plot_gantt
 

@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", help="write one JSON object per step to this .jsonl file")
     parser.add_argument("--trace", help="write the measured Chrome trace JSON here")
     parser.add_argument("--gantt", help="write the measured Gantt chart PNG here")
+    parser.add_argument("--save-trace", help="write the measured Trace in Slide's format here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -89,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=args.metrics,
         trace=args.trace,
         gantt=args.gantt,
+        save_trace=args.save_trace,
         progress=not args.no_progress,
     )
     summary = run_training(request)

@@ -110,3 +110,20 @@ def test_missing_gpu_stack_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(train_cmd, "run", no_torch)
     code = main(["train"])
     assert code == 2 and "install the GPU stack" in capsys.readouterr().err
+
+
+def test_compare_trace_of_a_prediction_and_a_cpu_run(tmp_path, tokens, capsys):
+    measured, predicted = tmp_path / "measured.json", tmp_path / "predicted.json"
+    assert train(capsys, "--data", tokens, "--steps", "3", "--save-trace", str(measured))[0] == 0
+    assert main(["simulate", "--model", "tiny-llama", "--batch", "2", "--seq", "32", "--steps", "3",
+                 "--save-trace", str(predicted)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert (
+        main(["compare-trace", str(predicted), str(measured), "--gantt", str(tmp_path / "g.png")])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert (
+        "step_time_s" in out and "busy cpu" in out and (tmp_path / "g.png").stat().st_size > 10_000
+    )
+    assert main(["compare-trace", str(predicted), str(tmp_path / "nope.json")]) == 2
