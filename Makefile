@@ -9,10 +9,15 @@ TEST_VENV := .venv
 
 .PHONY: demo test clean
 
+# On a machine with an NVIDIA driver the demo also installs the GPU stack, for the real fine-tune.
 $(DEMO_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(DEMO_VENV)
 	$(DEMO_VENV)/bin/python -m pip install -q --upgrade pip
-	$(DEMO_VENV)/bin/python -m pip install -q -e .
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(DEMO_VENV)/bin/python -m pip install -q -e '.[gpu]'; \
+	else \
+		$(DEMO_VENV)/bin/python -m pip install -q -e .; \
+	fi
 	touch $@
 
 $(TEST_VENV)/.installed: pyproject.toml
