@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from slide_ir.advice import suggest_fixes
-from slide_ir.ledger import REPORT_TIERS
+from slide_ir.ledger import REPORT_TIERS, build_ledger
 from slide_ir.planner import Plan
 
 GB = 1e9
@@ -36,12 +36,23 @@ def plan_summary(p: Plan) -> dict[str, Any]:
         "overflows": {tier: over for tier, over in led.overflows()},
         "suggestions": suggest_fixes(p.model, p.machine, p.config, led) if not led.feasible else [],
         "resident_units": list(led.resident),
+        "baselines": baselines(p),
         "graph": {
             "ops": len(p.graph.ops),
             "ops_per_lane": p.graph.ops_per_lane(),
             "pools": len(p.graph.pools),
         },
     }
+
+
+def baselines(p: Plan) -> dict[str, dict[str, int]]:
+    """GPU and host bytes of the other schedules for the same model, machine and batch."""
+    out = {}
+    for schedule in ("gpu-only", "zero-offload"):
+        if schedule != p.config.schedule:
+            led = build_ledger(p.model, p.machine, replace(p.config, schedule=schedule, resident=0))
+            out[schedule] = {tier: led.peak_bytes(tier) for tier in ("gpu", "cpu")}
+    return out
 
 
 def render_plan(p: Plan) -> str:
@@ -70,6 +81,11 @@ def render_plan(p: Plan) -> str:
         over = ", ".join(f"{t} by {b / GB:.1f} GB" for t, b in led.overflows())
         lines.append(f"verdict: does not fit ({over}). What would make it fit:")
         lines += [f"  - {s}" for s in suggest_fixes(m, p.machine, c, led)]
+    others = "; ".join(
+        f"{name} GPU {b['gpu'] / GB:.1f} GB, host {b['cpu'] / GB:.1f} GB"
+        for name, b in baselines(p).items()
+    )
+    lines.append(f"for comparison, the same run needs: {others}")
     per_lane = ", ".join(f"{lane} {k}" for lane, k in p.graph.ops_per_lane().items())
     lines.append(f"graph: {len(p.graph.ops)} ops over {c.steps} steps ({per_lane})")
     return "\n".join(lines)

@@ -162,3 +162,15 @@ def test_72b_on_the_4090_pc_gets_a_combined_gpu_suggestion(capsys):
         "--json",
     )
     assert json.loads(out)["overflows"].keys() == {"cpu"}  # the GPU now fits; the RAM never did
+
+
+def test_plan_compares_with_the_baseline_schedules(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b", "--json")
+    assert code == 0
+    base = json.loads(out)["baselines"]
+    params = 8_030_261_248
+    assert base["gpu-only"]["gpu"] > 16 * params  # weights, grads, master, moments + activations
+    assert 4 * params < base["zero-offload"]["gpu"] < 16 * params  # BF16 weights + grads on GPU
+    assert base["zero-offload"]["cpu"] > 12 * params
+    code, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b")
+    assert code == 0 and "for comparison, the same run needs: gpu-only GPU" in out
