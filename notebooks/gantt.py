@@ -24,7 +24,7 @@ from pathlib import Path
 from IPython.display import Image, display
 
 from slide.api import simulate
-from slide.gantt import plot_gantt
+from slide.gantt import plot_gantt, plot_gantt_pair
 from slide_ir.trace import Trace, trace_metrics
 
 OUT = Path(tempfile.mkdtemp())  # pictures go to a scratch directory, not the repository
@@ -57,3 +57,10 @@ if measured_file is not None:
     for name in ("step_time_s", "tokens_per_s", "eta", "t_bwd_s", "t_d2h_s", "t_update_s"):
         a, b = getattr(p, name), getattr(m, name)
         print(f"{name:14s} predicted {a:10.4g}  measured {b:10.4g}  error {(a - b) / b:+.1%}")
+
+# %% [markdown]
+# The two steady steps aligned at their start, lane above lane: where the prediction runs ahead.
+
+# %%
+if measured_file is not None:
+    display(Image(filename=str(plot_gantt_pair(predicted, measured, OUT / "pair.png"))))
