@@ -77,6 +77,19 @@ class StepHp:
     step: int  # optimizer step count (bias correction)
     lr: float
     config: AdamWConfig
+    clip_norm: float | None = None  # per-unit gradient clipping (TrainConfig.clip == "per-unit")
+
+
+CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_
+
+
+def clip_coef(grad: torch.Tensor, max_norm: float | None) -> torch.Tensor | None:
+    """min(1, max_norm / (||grad|| + eps)) as a 0-d FP32 tensor on the grad's device (no host
+    sync on a GPU), or None when not clipping."""
+    if max_norm is None:
+        return None
+    norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+    return (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)
 
 
 class HostScratch:
@@ -148,11 +161,14 @@ def update_host(
     """AdamW on the host for one unit: `grad` (any float dtype) -> master/moments in `parts`,
     new weights cast into `out` (the compute-dtype copy the next upload reads)."""
     scratch.step.fill_(float(hp.step))
+    coef = clip_coef(grad, hp.clip_norm)
     for lo, hi, decay, part in _pieces(layout, parts, CHUNK):
         n, st = hi - lo, part.state
         g = grad[lo:hi]
-        if g.dtype != torch.float32:
+        if g.dtype != torch.float32 or coef is not None:
             g = scratch.grad[:n].copy_(g)
+        if coef is not None:
+            g.mul_(coef)
         a, b = lo - part.lo, hi - part.lo
         master, m, v = st.master[a:b], st.m[a:b], st.v[a:b]
         if scratch.m is not None and scratch.v is not None:  # BF16 moments: update in FP32
@@ -176,6 +192,9 @@ def update_device(
     """AdamW of a resident unit, in place on the device (whole unit, no chunking)."""
     step_t.fill_(float(hp.step))
     g32 = grad if grad.dtype == torch.float32 else grad.float()
+    coef = clip_coef(g32, hp.clip_norm)
+    if coef is not None:
+        g32 = g32 * coef
     for lo, hi, decay in layout.decay_ranges():
         m, v = state.m[lo:hi], state.v[lo:hi]
         m32 = m if m.dtype == torch.float32 else m.float()

@@ -67,6 +67,7 @@ class Env:
     wait_timeout_s: float
     act_bytes: int  # bytes of one saved activation (B x S x H at the compute dtype)
     moments_bf16: bool = False
+    clip_norm: float | None = None  # per-unit gradient clipping, from the plan's TrainConfig
     batches: queue.Queue[MicroBatch] = field(default_factory=queue.Queue)
     nvme: NvmeStore | None = None
     stripes: StripeFormat | None = None
@@ -77,6 +78,7 @@ class Env:
             step=global_step,
             lr=self.optim.lr_at(global_step, self.total_steps),
             config=self.optim,
+            clip_norm=self.clip_norm,
         )
 
     def take_batch(self, step: int, micro: int) -> MicroBatch:

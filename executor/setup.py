@@ -86,7 +86,7 @@ class Run:
             "knobs": {k: getattr(knobs, k) for k in knobs.__slots__},
             "allocated_bytes": dict(env.buffers.allocated),
             "resident": sorted(env.placement.resident),
-            "clip": "none",
+            "clip": self.plan.config.clip,
         }
 
 
@@ -177,6 +177,7 @@ def build(
         wait_timeout_s=knobs_mod.from_env().wait_timeout_s,
         act_bytes=c.batch * c.seq * p.model.hidden_size * dtype.itemsize,
         moments_bf16=s.moments_dtype == torch.bfloat16,
+        clip_norm=c.clip_norm if c.clip == "per-unit" else None,
         nvme=store,
         stripes=fmt,
     )

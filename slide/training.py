@@ -64,7 +64,6 @@ class TrainRequest:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    clip: str = "none"
     out: str | None = None
     save_every: int = 0
     resume: str | None = None
@@ -77,11 +76,6 @@ class TrainRequest:
 
 
 def run_training(req: TrainRequest) -> dict[str, Any]:
-    if req.clip != "none":
-        raise UserError(
-            f"--clip {req.clip!r}: only 'none' is implemented (clipping by global norm "
-            "would need every gradient before the first update, which breaks the overlap)"
-        )
     device = torch.device(req.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is visible here (use --device cpu)")

@@ -13,6 +13,10 @@ ACTIVATION_PLACES = ("gpu", "cpu", "nvme")
 # "nvme" puts master weights and both moments on NVMe; "nvme-moments" only the two moments.
 OPTIMIZER_PLACES = ("cpu", "nvme", "nvme-moments")
 MOMENT_DTYPES = ("fp32", "bf16")
+# "per-unit": each unit's gradient (the embedding, one decoder layer, the head) is clipped to
+# `clip_norm` by its own L2 norm, right before its update: exact global-norm clipping would need
+# every gradient before the first update, which is the overlap the sliding schedule exists for.
+CLIP_MODES = ("none", "per-unit")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,6 +37,8 @@ class TrainConfig:
     lce_budget_bytes: int = 1 << 30
     cpu_threads: int | None = None  # optimizer threads; None: every core
     gpu_margin: float = 0.05  # share of GPU memory `resident="auto"` leaves free
+    clip: str = "none"
+    clip_norm: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("batch", "seq", "steps", "grad_accum"):
@@ -58,6 +64,9 @@ class TrainConfig:
         _positive("lce_budget_bytes", self.lce_budget_bytes)
         if self.cpu_threads is not None:
             _positive("cpu_threads", self.cpu_threads)
+        _choice("clip", self.clip, CLIP_MODES)
+        if not self.clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
         if not 0.0 <= self.gpu_margin < 1.0:
             raise ValueError(f"gpu_margin must be in [0, 1), got {self.gpu_margin}")
 

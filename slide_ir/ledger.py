@@ -106,8 +106,10 @@ def resident_preference(model: ModelSpec) -> tuple[int, ...]:
 
 def adam_bytes_per_param(config: TrainConfig) -> int:
     """Bytes one CPU AdamW step touches per parameter: FP32 master read+write, both moments read
-    + write, the BF16 gradient read, and the fused BF16 weight write."""
-    return 2 * FP32 + 2 * config.moment_bytes + BF16 + BF16
+    + write, the BF16 gradient read (twice when clipping: its norm comes first), and the fused
+    BF16 weight write."""
+    clip_read = BF16 if config.clip != "none" else 0
+    return 2 * FP32 + 2 * config.moment_bytes + BF16 + BF16 + clip_read
 
 
 # -- building --------------------------------------------------------------------------------

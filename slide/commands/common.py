@@ -6,6 +6,7 @@ import argparse
 
 from slide_ir.config import (
     ACTIVATION_PLACES,
+    CLIP_MODES,
     MOMENT_DTYPES,
     OPTIMIZER_PLACES,
     SCHEDULES,
@@ -65,6 +66,10 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "--resident", default="0", help="units kept whole on the GPU: a count or 'auto' [0]"
     )
     parser.add_argument("--cpu-threads", type=int, help="optimizer threads [all cores]")
+    parser.add_argument("--clip", choices=CLIP_MODES, default="none",
+                        help="gradient clipping: per-unit clips each layer's gradient by its own "
+                        "norm, before its update (keeps the overlap) [none]")  # fmt: skip
+    parser.add_argument("--clip-norm", type=float, default=1.0, help="max norm for --clip [1.0]")
 
 
 def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Machine]:
@@ -84,6 +89,8 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "cache_units": args.cache_units,
         "resident": parse_resident(args.resident),
         "cpu_threads": args.cpu_threads,
+        "clip": args.clip,
+        "clip_norm": args.clip_norm,
     }
     fields.update(override)
     return TrainConfig(**fields)  # type: ignore[arg-type]

@@ -50,7 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--betas", default="0.9,0.999", help="Adam betas as b1,b2 [0.9,0.999]")
     parser.add_argument("--eps", type=float, default=1e-8)
-    parser.add_argument("--clip", default="none", help="gradient clipping: none [none]")
     parser.add_argument("--out", help="directory for the final HF checkpoint")
     parser.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps")
     parser.add_argument("--resume", help="checkpoint directory written by slide train")
@@ -83,7 +82,6 @@ def run(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay,
         betas=_betas(args.betas),
         eps=args.eps,
-        clip=args.clip,
         out=args.out,
         save_every=args.save_every,
         resume=args.resume,

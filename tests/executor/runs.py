@@ -42,10 +42,27 @@ def batches(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
+def units(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
+    """The model's parameters grouped as the executor's units: embedding (the LM head too when
+    tied), each decoder layer, the head (final norm + untied LM head)."""
+    inner = model.model
+    head = [inner.norm.weight] + (
+        [] if model.config.tie_word_embeddings else [model.lm_head.weight]
+    )
+    return [
+        [inner.embed_tokens.weight],
+        *(list(layer.parameters()) for layer in inner.layers),
+        head,
+    ]
+
+
 @functools.cache
-def reference(tied: bool, grad_accum: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(
+    tied: bool, grad_accum: int, clip_norm: float | None = None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     """transformers + torch.optim.AdamW, FP32: the loss of a step is the mean over its labelled
-    tokens (micro-batch sums / step count), as the executor defines it."""
+    tokens (micro-batch sums / step count), as the executor defines it. `clip_norm`: each unit's
+    gradient clipped by its own norm (torch's clip_grad_norm_ per unit) before the step."""
     model = hf_model(model_config(tied))
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     data, losses = batches(STEPS * grad_accum), []
@@ -58,6 +75,9 @@ def reference(tied: bool, grad_accum: int) -> tuple[list[float], dict[str, torch
             loss = torch.nn.functional.cross_entropy(logits, labels.flatten(), reduction="sum")
             (loss / valid).backward()
             total += float(loss.detach() / valid)
+        if clip_norm is not None:
+            for group in units(model):
+                torch.nn.utils.clip_grad_norm_(group, clip_norm)
         opt.step()
         opt.zero_grad()
         losses.append(total)

@@ -23,6 +23,12 @@ CASES = {
     "sliding-2-units-1-grad-buffer": (False, {"cache_units": 2, "grad_buffers": 1}),
     "nvme-activations-2-drives": (False, {"activations": "nvme", "drives": 2}),
     "nvme-optimizer-2-drives": (True, {"optimizer": "nvme", "drives": 2}),
+    # a max norm below the gradients' norms (~0.5-3 here), so every unit is really clipped
+    "clip-per-unit-sliding": (False, {"clip": "per-unit", "clip_norm": 0.05}),
+    "clip-per-unit-tied-resident-accum": (
+        True,
+        {"clip": "per-unit", "clip_norm": 0.05, "resident": 2, "grad_accum": 2},
+    ),
     "nvme-moments-accum-resident": (
         False,
         {"optimizer": "nvme-moments", "drives": 3, "grad_accum": 2, "resident": 1},
@@ -34,7 +40,8 @@ CASES = {
 def test_executor_matches_pytorch_loop(case: str) -> None:
     tied, config = CASES[case]
     grad_accum = int(config.get("grad_accum", 1))
-    ref_losses, ref_state = reference(tied, grad_accum)
+    clip = float(config["clip_norm"]) if config.get("clip") == "per-unit" else None
+    ref_losses, ref_state = reference(tied, grad_accum, clip)
     result = run_executor(tied, **config)
     assert result.steps_done == STEPS
     for step, (ours, want) in enumerate(zip(result.losses, ref_losses, strict=True), 1):

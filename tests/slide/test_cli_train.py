@@ -77,7 +77,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, tokens, capsys):
     ("argv", "needle"),
     [
         (["--data", "/nonexistent/tokens.npy"], "does not exist"),
-        (["--clip", "global"], "only 'none' is implemented"),
+        (["--clip-norm", "0", "--clip", "per-unit"], "clip_norm must be > 0"),
         (["--betas", "0.9"], "--betas must be two numbers"),
         (["--resume", "/nonexistent/ckpt"], "slide_state.json is missing"),
     ],

@@ -186,3 +186,13 @@ def test_zero_state_sizes_are_parameters():
     assert zero_bytes_per_gpu(1000, 3, 4, bf16_moments) == 3_500
     with pytest.raises(ValueError, match="stage must be 0, 1, 2 or 3"):
         zero_bytes_per_gpu(1000, 4, 2)
+
+
+def test_per_unit_clipping_reads_the_gradient_once_more(llama8b, pc):
+    """The norm pass re-reads the BF16 gradient: 2 B/param more for every update."""
+    plain = plan(llama8b, pc, TrainConfig(batch=1, seq=64, steps=1)).graph.op("s1.L3.adam")
+    clipped = plan(llama8b, pc, TrainConfig(batch=1, seq=64, steps=1, clip="per-unit"))
+    op = clipped.graph.op("s1.L3.adam")
+    assert op.work.bytes - plain.work.bytes == 2 * llama8b.layer_params
+    with pytest.raises(ValueError, match="clip must be one of none, per-unit"):
+        TrainConfig(batch=1, seq=64, clip="global")
