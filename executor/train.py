@@ -80,7 +80,8 @@ def train(
     batches: (input_ids, labels) LongTensors (batch, seq), labels already shifted (label t is
     the token after input t), -100 ignored; `grad_accum` of them per step. on_step(step, loss,
     lr, metrics) is called on the main thread after each step; returning True stops the run
-    after the steps already handed to the lanes (at most one more). Clipping: none.
+    after the steps already handed to the lanes (at most one more). Clipping: per unit, as the
+    plan's TrainConfig says (`clip`, `clip_norm`).
     """
     p = the_plan or plan(model_spec, machine, config)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
