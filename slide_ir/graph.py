@@ -22,6 +22,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from typing import Any
 
 FORMAT_VERSION = 1
 
@@ -231,17 +232,23 @@ class Graph:
 
     @classmethod
     def from_json(cls, text: str) -> Graph:
-        data = json.loads(text)
-        if data.get("version") != FORMAT_VERSION:
-            raise GraphError(
-                f"plan format version {data.get('version')!r} unsupported "
-                f"(this Slide reads {FORMAT_VERSION})"
-            )
+        data = load_versioned(text, FORMAT_VERSION, "graph", GraphError)
         return cls(
             info=GraphInfo(**data["info"]),
             pools=tuple(Pool(**{**p, "tier": Tier(p["tier"])}) for p in data["pools"]),
             ops=tuple(_op_from_dict(o) for o in data["ops"]),
         )
+
+
+def load_versioned(
+    text: str, version: int, what: str, error: type[ValueError] = ValueError
+) -> dict[str, Any]:
+    """Parse a saved JSON document (graph, plan, trace) and refuse a format this code cannot read."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("version") != version:
+        found = data.get("version") if isinstance(data, dict) else None
+        raise error(f"{what} format version {found!r} unsupported (this Slide reads {version})")
+    return data
 
 
 def _op_from_dict(d: Mapping[str, object]) -> Op:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from slide_ir.baselines import emit_gpu_only, emit_zero_offload
 from slide_ir.builder import GraphBuilder
 from slide_ir.config import TrainConfig
-from slide_ir.graph import Graph, GraphInfo
+from slide_ir.graph import Graph, GraphInfo, load_versioned
 from slide_ir.hardware import Machine, load_machine_toml, machine_to_toml
 from slide_ir.ledger import Ledger, build_ledger, resident_preference
 from slide_ir.model import ModelSpec
@@ -107,11 +107,7 @@ def plan_to_json(p: Plan) -> str:
 
 def plan_from_json(text: str) -> Plan:
     """Re-plan from the saved inputs; the graph must come out equal to the saved one."""
-    data = json.loads(text)
-    if data.get("version") != PLAN_VERSION:
-        raise ValueError(
-            f"plan version {data.get('version')!r} unsupported (expected {PLAN_VERSION})"
-        )
+    data = load_versioned(text, PLAN_VERSION, "plan")
     model = ModelSpec.from_hf_config(data["model"], name=data["model_name"])
     machine = load_machine_toml(data["machine_toml"])
     p = plan(model, machine, TrainConfig(**data["config"]))

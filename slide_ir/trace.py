@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from slide_ir.graph import Graph, GraphInfo, Op, lane_kind
+from slide_ir.graph import Graph, GraphInfo, Op, lane_kind, load_versioned
 
 TRACE_VERSION = 1
 # GPU work that is model compute (what a compute-only run would still do).
@@ -84,12 +84,7 @@ class Trace:
 
     @classmethod
     def from_json(cls, text: str) -> Trace:
-        data = json.loads(text)
-        if data.get("version") != TRACE_VERSION:
-            raise ValueError(
-                f"trace format version {data.get('version')!r} unsupported "
-                f"(this Slide reads {TRACE_VERSION})"
-            )
+        data = load_versioned(text, TRACE_VERSION, "trace")
         return cls(
             spans=tuple(Span(**s) for s in data["spans"]),
             memory=tuple(MemorySample(**m) for m in data["memory"]),
