@@ -4,9 +4,10 @@
 
 Qwen3's per-head q/k norm is the same op with last dim = head_dim. A program owns a tile of
 BLOCK_M rows x BLOCK_N (>= N) columns, so short rows (head_dim 128) are batched and long ones
-(hidden 4096) take a row each. The forward saves rstd (one fp32 per row); the backward is a
-persistent grid whose programs each sum d(weight) over their rows in registers and write one fp32
-partial row, reduced by torch afterwards.
+(hidden 4096) take a row each. The forward saves rstd (one fp32 per row). The backward gives each
+of ~BWD_PER_SM programs per SM a contiguous run of rows, walked BWD_TILE elements (>= one row) at
+a time; the program sums d(weight) over its rows in fp32 registers and writes one fp32 partial
+row, and torch sums the partials (programs x N x 4 bytes: ~4 MiB at N = 4096 on an H200).
 """
 
 import torch
@@ -19,7 +20,10 @@ from kernels._common import next_power_of_2, num_programs_cap, num_warps_for, us
 MAX_N = 65536  # one row must fit in a tile
 TILE = 4096  # elements per program tile (BLOCK_M x BLOCK_N), at least one row
 ELEMS_PER_THREAD = 16  # num_warps = tile / (32 x this), 1 to 16
-BWD_PER_SM = 4  # programs per SM in the persistent backward
+# backward launch (set from `python -m bench.kernels --sweep`, rms_norm bwd rows)
+BWD_TILE = 8192  # elements per loop step: 2 rows of 4096, so two rows' loads are in flight
+BWD_ELEMS_PER_THREAD = 16  # num_warps = tile / (32 x this), 1 to 16
+BWD_PER_SM = 2  # programs per SM, each with its partial d(weight) row
 
 
 @triton.jit
@@ -44,7 +48,7 @@ def _rms_norm_fwd_kernel(
 
 @triton.jit
 def _rms_norm_bwd_kernel(
-    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows, N,
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows, N, blocks_per_program,
     dy_stride, x_stride, dx_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -52,8 +56,10 @@ def _rms_norm_bwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for block in range(pid, tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0)):
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    first = pid * blocks_per_program
+    last = tl.minimum(first + blocks_per_program, tl.cdiv(n_rows, BLOCK_M))
+    for block in range(first, last):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = rows < n_rows
         mask = row_mask[:, None] & col_mask[None, :]
@@ -69,15 +75,15 @@ def _rms_norm_bwd_kernel(
         tl.store(
             dx_ptr + rows64 * dx_stride + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask
         )
-        dw_acc += dy * x_hat
-    tl.store(dw_partial_ptr + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
+        dw_acc += tl.sum(dy * x_hat, axis=0)  # (BLOCK_N,): masked rows add zeros
+    tl.store(dw_partial_ptr + pid * N + cols, dw_acc, mask=col_mask)
 
 
-def _tile(n: int) -> tuple[int, int, int]:
+def _tile(n: int, tile: int, elems_per_thread: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for rows of n elements."""
     block_n = next_power_of_2(n)
-    block_m = max(1, TILE // block_n)
-    return block_m, block_n, num_warps_for(block_m * block_n, ELEMS_PER_THREAD)
+    block_m = max(1, tile // block_n)
+    return block_m, block_n, num_warps_for(block_m * block_n, elems_per_thread)
 
 
 def rms_norm_forward(
@@ -88,7 +94,7 @@ def rms_norm_forward(
     out_dtype = torch.promote_types(x2d.dtype, weight.dtype)  # as `weight * normed` in torch
     y = torch.empty((n_rows, n), dtype=out_dtype, device=x2d.device)
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x2d.device)
-    block_m, block_n, warps = _tile(n)
+    block_m, block_n, warps = _tile(n, TILE, ELEMS_PER_THREAD)
     _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
         x2d, weight, y, rstd, n_rows, n, x2d.stride(0), y.stride(0), eps,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
@@ -101,12 +107,14 @@ def rms_norm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (dx (rows, N) in x's dtype, dweight (N,) in weight's dtype)."""
     n_rows, n = x2d.shape
-    block_m, block_n, warps = _tile(n)
-    programs = max(1, min(triton.cdiv(n_rows, block_m), num_programs_cap(x2d.device, BWD_PER_SM)))
+    block_m, block_n, warps = _tile(n, BWD_TILE, BWD_ELEMS_PER_THREAD)
+    n_blocks = triton.cdiv(n_rows, block_m)
+    per_program = triton.cdiv(n_blocks, num_programs_cap(x2d.device, BWD_PER_SM))
+    programs = max(1, triton.cdiv(n_blocks, per_program))
     dx = torch.empty_like(x2d)
     dw_partial = torch.empty((programs, n), dtype=torch.float32, device=x2d.device)
     _rms_norm_bwd_kernel[(programs,)](
-        dy, x2d, weight, rstd, dx, dw_partial, n_rows, n,
+        dy, x2d, weight, rstd, dx, dw_partial, n_rows, n, per_program,
         dy.stride(0), x2d.stride(0), dx.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )  # fmt: skip

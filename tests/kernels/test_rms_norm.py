@@ -1,5 +1,7 @@
 """RMSNorm (Llama/Qwen convention) against the float64 reference, CPU interpreter and GPU."""
 
+import importlib
+
 import pytest
 import torch
 from kernel_checks import assert_bf16_rule, assert_close_fp32, leaf
@@ -21,7 +23,7 @@ def _run(fn, x, w, eps, upstream, dtype):
         (3, 7, 41),  # awkward everything
         (2, 3, 5, 16),  # Qwen3 q/k norm: (batch, heads, seq, head_dim), many short rows
         (1, 300),  # one long-ish row block, N not a power of two
-        (257, 9),  # more row blocks than the interpreter's 4 persistent programs
+        (257, 9),  # many short rows in one tile
     ],
 )
 def test_rms_norm_matches_fp64_reference(shape):
@@ -29,6 +31,22 @@ def test_rms_norm_matches_fp64_reference(shape):
     x = torch.randn(shape, generator=gen) * 3
     w = torch.rand(shape[-1], generator=gen) + 0.5
     upstream = torch.randn(shape, generator=gen)
+    got = _run(rms_norm, x, w, 1e-6, upstream, torch.float32)
+    gold = _run(reference.rms_norm, x, w, 1e-6, upstream, torch.float64)
+    for a, b in zip(got, gold, strict=True):
+        assert_close_fp32(a, b, "rms_norm")
+
+
+@pytest.mark.parametrize("tile", [32, 128])
+def test_rms_norm_small_tiles_split_rows_over_programs(monkeypatch, tile):
+    """Tiles of 2 or 8 rows: 129 or 33 row blocks over the interpreter's 4 backward programs,
+    a run of blocks each, the last run and the last block ragged."""
+    rn = importlib.import_module("kernels.rms_norm")  # the module: `kernels` exports the function
+    monkeypatch.setattr(rn, "TILE", tile)
+    monkeypatch.setattr(rn, "BWD_TILE", tile)
+    gen = torch.Generator().manual_seed(tile)
+    x, w = torch.randn(257, 9, generator=gen), torch.rand(9, generator=gen) + 0.5
+    upstream = torch.randn(257, 9, generator=gen)
     got = _run(rms_norm, x, w, 1e-6, upstream, torch.float32)
     gold = _run(reference.rms_norm, x, w, 1e-6, upstream, torch.float64)
     for a, b in zip(got, gold, strict=True):
