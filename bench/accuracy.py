@@ -21,6 +21,7 @@ from simulator.run import simulate_plan
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import load_machine
 from slide_ir.ledger import CUDA_CONTEXT_BYTES
+from slide_ir.planner import plan_from_json
 from slide_ir.trace import Trace, trace_metrics
 
 
@@ -38,6 +39,20 @@ def kind_means(trace: Trace, steps: set[int]) -> dict[str, float]:
         if s.step in steps:
             per[str(s.kind)].append(s.end - s.start)
     return {k: statistics.mean(v) for k, v in per.items()}
+
+
+def measured_config(trace_path: Path) -> tuple[TrainConfig, str]:
+    """The TrainConfig a trace was measured with: from the plan saved beside it
+    (`x.plan.json`), else (traces of 2026-11-29's first run) from the name's `_r<resident>`."""
+    stem = trace_path.name.removesuffix(".trace.json")
+    plan_path = trace_path.with_name(f"{stem}.plan.json")
+    if plan_path.exists():
+        return plan_from_json(plan_path.read_text()).config, stem.rpartition("_")[2]
+    info = Trace.from_json(trace_path.read_text()).info
+    resident = stem.split("_r")[-1]
+    value: int | str = "auto" if resident == "auto" else int(resident)
+    config = TrainConfig(batch=info.batch, seq=info.seq, steps=info.steps, resident=value)
+    return config, f"r{resident}"
 
 
 def err(pred: float, meas: float) -> str:
@@ -58,13 +73,7 @@ def main() -> None:
     for path in sorted(args.traces.glob("*.trace.json")):
         measured = Trace.from_json(path.read_text())
         info = measured.info
-        resident = path.stem.split("_r")[-1].removesuffix(".trace")
-        config = TrainConfig(
-            batch=info.batch,
-            seq=info.seq,
-            steps=info.steps,
-            resident="auto" if resident == "auto" else int(resident),
-        )
+        config, label = measured_config(path)
         sim = simulate_plan(info.model, machine, config, force=True)
         assert sim.trace is not None
         pm, mm = trace_metrics(sim.trace, sim.plan.graph), trace_metrics(measured, sim.plan.graph)
@@ -77,7 +86,7 @@ def main() -> None:
         cpu_pred = sim.plan.ledger.peak_bytes("cpu")
         gpu_meas, cpu_meas = mm.peak_bytes.get("gpu", 0), mm.peak_bytes.get("host", 0)
         print(
-            f"| {info.model} b{info.batch} r{resident} "
+            f"| {info.model} b{info.batch} {label} "
             f"| {pm.step_time_s:.3f} / {mm.step_time_s:.3f} ({err(pm.step_time_s, mm.step_time_s)}) "
             f"| {pm.eta:.2f} / {mm.eta:.2f} ({err(pm.eta, mm.eta)}) "
             f"| {gpu_pred / 2**30:.1f} / {gpu_meas / 2**30:.1f} GiB ({err(gpu_pred, gpu_meas)}) "

@@ -8,7 +8,8 @@ backward of the same model, all resident on the GPU, no optimizer). Optionally P
 CPUOffloadPolicy on one GPU. Writes one JSON line per point to --out and, with --traces DIR, the
 measured Trace of each point (for bench/accuracy.py).
 
-    python bench/train_throughput.py --model llama-3.2-3b --batch 4,8,16,32 --out results.jsonl
+    python -m bench.train_throughput --model llama-3.2-3b --batch 8,16 --variants pure,streamed=auto \
+        --out results.jsonl --traces traces/
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from executor.adam import AdamWConfig
 from executor.checkpoint import param_names, param_shape
 from executor.train import train
 from kernels import fused_linear_cross_entropy
-from slide_ir.config import TrainConfig, parse_resident
+from slide_ir.config import TrainConfig, parse_count_or_auto
 from slide_ir.hardware import load_machine
 from slide_ir.model import ModelSpec, load_model
-from slide_ir.planner import plan
+from slide_ir.planner import plan, plan_to_json
 from slide_ir.trace import trace_metrics
 
 log = logging.getLogger("bench")
@@ -89,17 +90,43 @@ class RssPeak:
         self._thread.join()
 
 
+VARIANT_FIELDS = {
+    "resident": lambda v: parse_count_or_auto("resident", v),
+    "streamed": lambda v: parse_count_or_auto("streamed", v),
+    "cpu_threads": int,
+    "grad_buffers": int,
+    "moments_dtype": str,
+}
+
+
+def variant_fields(variant: str) -> dict[str, object]:
+    """`pure` (the defaults: every unit slides, CPU AdamW) or `key=value+key=value` over
+    VARIANT_FIELDS, e.g. `streamed=auto`, `resident=auto`, `streamed=8+cpu_threads=12`."""
+    if variant == "pure":
+        return {}
+    out = {}
+    for item in variant.split("+"):
+        key, _, value = item.partition("=")
+        if key not in VARIANT_FIELDS or not value:
+            raise SystemExit(
+                f"variant item {item!r}: use key=value with key in {list(VARIANT_FIELDS)}"
+            )
+        out[key] = VARIANT_FIELDS[key](value)
+    return out
+
+
 def slide_point(
-    spec: ModelSpec, machine, batch: int, seq: int, steps: int, resident: str, traces: Path | None
+    spec: ModelSpec, machine, batch: int, seq: int, steps: int, variant: str, traces: Path | None
 ) -> dict:
-    config = TrainConfig(batch=batch, seq=seq, steps=steps, resident=parse_resident(resident))
+    config = TrainConfig(batch=batch, seq=seq, steps=steps, **variant_fields(variant))
     p = plan(spec, machine, config)
     row = {
         "system": "slide",
         "model": spec.name,
         "batch": batch,
-        "resident": resident,
+        "variant": variant,
         "resident_units": len(p.ledger.resident),
+        "streamed_units": len(p.ledger.streamed),
         "ledger_gpu_bytes": p.ledger.peak_bytes("gpu"),
         "ledger_cpu_bytes": p.ledger.peak_bytes("cpu"),
     }
@@ -123,7 +150,9 @@ def slide_point(
     m = trace_metrics(result.trace, p.graph)
     if traces is not None:
         traces.mkdir(parents=True, exist_ok=True)
-        (traces / f"{spec.name}_b{batch}_r{resident}.trace.json").write_text(result.trace.to_json())
+        name = f"{spec.name}_b{batch}_{variant.replace('=', '-')}"
+        (traces / f"{name}.trace.json").write_text(result.trace.to_json())
+        (traces / f"{name}.plan.json").write_text(plan_to_json(p))
     return row | {
         "wall_s": time.perf_counter() - t0,
         "tokens_per_s": m.tokens_per_s,
@@ -186,7 +215,9 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--machine", default="h200-16c-128g")
     ap.add_argument("--batch", default="4,8,16,32")
-    ap.add_argument("--resident", default="0", help="comma list of resident settings: 0, auto")
+    ap.add_argument(
+        "--variants", default="pure", help="comma list of variants (see variant_fields) [pure]"
+    )
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--compute-only", action="store_true")
@@ -198,8 +229,8 @@ def main() -> None:
     with args.out.open("a") as out:
         for batch in (int(b) for b in args.batch.split(",")):
             points = [
-                slide_point(spec, machine, batch, args.seq, args.steps, r, args.traces)
-                for r in args.resident.split(",")
+                slide_point(spec, machine, batch, args.seq, args.steps, v, args.traces)
+                for v in args.variants.split(",")
             ]
             if args.compute_only:
                 points.append(compute_only_point(spec, batch, args.seq))

@@ -188,10 +188,15 @@ def update_device(
     state: OptState,
     hp: StepHp,
     step_t: torch.Tensor,
+    grad32: torch.Tensor | None = None,
 ) -> None:
-    """AdamW of a resident unit, in place on the device (whole unit, no chunking)."""
+    """AdamW of a resident or streamed unit, in place on the device (whole unit, no chunking).
+    `grad32`: FP32 scratch for the gradient's upcast (else a temporary)."""
     step_t.fill_(float(hp.step))
-    g32 = grad if grad.dtype == torch.float32 else grad.float()
+    if grad32 is not None:
+        g32 = grad32.copy_(grad)
+    else:
+        g32 = grad if grad.dtype == torch.float32 else grad.float()
     coef = clip_coef(g32, hp.clip_norm)
     if coef is not None:
         g32 = g32 * coef

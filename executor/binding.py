@@ -71,6 +71,7 @@ class _Binder:
         self.home: dict[int, str] = {}  # layer -> pinned / NVMe slot of its saved input
         self.landed: dict[int, str] = {}  # unit -> pinned slot its gradients landed in
         self.staging: dict[int, dict[int, str]] = {}  # unit -> stripe -> staging slot
+        self.opt_slot: dict[int, str] = {}  # streamed unit -> its GPU state slot
         self.step, self.micro = 0, 0
         self.written: set[int] = set()
         self.accum_started: set[tuple[int, int]] = set()
@@ -131,7 +132,10 @@ class _Binder:
         )
 
     def _gpu_adam(self, op: Op) -> Bind:
-        return Bind(unit=op.layer, weights=f"gpu.{op.layer}")
+        u = op.layer
+        if u in self.placement.streamed:  # src: the GPU slot its state was uploaded to
+            return Bind(unit=u, weights=self.where[u], src=self.opt_slot[u])
+        return Bind(unit=u, weights=f"gpu.{u}")
 
     # -- transfers -----------------------------------------------------------------------------
     def _h2d_param(self, op: Op) -> Bind:
@@ -148,6 +152,18 @@ class _Binder:
         dst = _taken(op, "pinned_grads_") if op.acquires else f"landing.{u}"
         self.landed[u] = dst
         return Bind(unit=u, src=src, dst=dst)
+
+    def _opt_h2d(self, op: Op) -> Bind:
+        u = op.layer
+        self.opt_slot[u] = op.acquires[0]
+        return Bind(unit=u, dst=op.acquires[0])
+
+    def _opt_d2h(self, op: Op) -> Bind:
+        return Bind(unit=op.layer, src=self.opt_slot.pop(op.layer))
+
+    def _w_d2h(self, op: Op) -> Bind:
+        u = op.layer
+        return Bind(unit=u, src=self.where.pop(u), dst=f"bf16.{u}")
 
     def _act_save(self, op: Op) -> Bind:
         src, dst = self.act.pop(op.layer), op.acquires[0]

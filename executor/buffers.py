@@ -3,8 +3,10 @@
 Keys are the graph's slot ids (`gpu_units.1`, `pinned_acts.3`, ...) for slotted pools, and
 per-unit names for static pools: `gpu.{u}` (a unit living on the device: resident, ZeRO-offload,
 gpu-only), `devopt.{u}` (its device-side FP32 master + moments), `bf16.{u}` (pinned compute-dtype
-copy the next upload reads), `master.{u}`, `moments.{u}`, `accum.{u}` (host FP32), `landing.{u}`
-(ZeRO-offload's static gradient landing). Pools sized by the ledger in BF16 bytes are allocated
+copy the next upload reads), `master.{u}`, `moments.{u}`, `accum.{u}` (host FP32; pinned for
+streamed units), `landing.{u}` (ZeRO-offload's static gradient landing). A streamed unit's GPU
+staging slot `gpu_opt_<group>.k` is an `OptState` sized to the group, with its FP32 gradient
+scratch beside it under `gpu_opt_<group>.k.grad`. Pools sized by the ledger in BF16 bytes are allocated
 at the compute dtype (FP32 in CPU tests: twice the bytes). The GPU workspace and LCE pools are
 not pre-allocated by hand: autograd and the LCE kernel take them from torch's caching allocator
 on step 1 and reuse the same segments afterwards (the GPU test checks the count stays flat).
@@ -48,15 +50,23 @@ class OptState:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Placement:
     """Where units live. `resident`: updated on the device (sliding's resident units, every unit
-    of gpu-only); `flat`: ZeRO-offload's whole-model device copy; the rest slide."""
+    of gpu-only); the rest keep their state on the host and slide, `streamed` ones visiting the
+    device for their update."""
 
     schedule: str
     resident: frozenset[int]
     units: tuple[int, ...]
+    streamed: frozenset[int] = frozenset()
 
     @property
     def host_updated(self) -> tuple[int, ...]:
+        """Units whose FP32 master and moments live on the host (RAM or NVMe)."""
         return tuple(u for u in self.units if u not in self.resident)
+
+    @property
+    def cpu_updated(self) -> tuple[int, ...]:
+        """Units the host AdamW updates."""
+        return tuple(u for u in self.host_updated if u not in self.streamed)
 
     def is_sliding(self, unit: int) -> bool:
         return self.schedule == "sliding" and unit not in self.resident
@@ -168,6 +178,10 @@ class _Allocator:
     def numel(self, unit: int) -> int:
         return self.s.layouts[unit].numel
 
+    def group_numel(self, group: str) -> int:
+        """Elements of one unit of a pool group (embed / layers / head)."""
+        return self.numel({"embed": 0, "layers": 1, "head": self.s.spec.num_layers + 1}[group])
+
     def group(self, pool: Pool, units: tuple[int, ...] | list[int]) -> list[int]:
         members = group_units(self.s.spec, units, pool.name.rpartition("_")[2])
         if len(members) != pool.slots:
@@ -188,23 +202,48 @@ class _Allocator:
             self.put(pool, key, t, size)
 
     # -- weights and gradients ----------------------------------------------------------------
-    def unit_slots(self, pool: Pool, unit: int) -> None:
-        numel = self.numel(unit)
+    def unit_slots(self, pool: Pool, group: str) -> None:
+        numel = self.group_numel(group)
         for key in pool.slot_ids():
             self.put(pool, key, _gpu_unit(self.s, numel), 2 * numel * self.s.dtype.itemsize)
 
-    def landing_slots(self, pool: Pool, unit: int) -> None:
-        numel = self.numel(unit)
+    def landing_slots(self, pool: Pool, group: str) -> None:
+        numel = self.group_numel(group)
         for key in pool.slot_ids():
             t = self.host(pool, numel, self.s.dtype)
             self.put(pool, key, t, t.numel() * t.element_size())
 
-    def per_unit(self, pool: Pool, prefix: str, dtype: torch.dtype, per_param: int = 1) -> None:
-        for unit in self.group(pool, self.s.placement.host_updated):
+    def per_unit(
+        self,
+        pool: Pool,
+        prefix: str,
+        dtype: torch.dtype,
+        per_param: int = 1,
+        members: tuple[int, ...] | None = None,
+    ) -> None:
+        """One tensor per unit of the pool's group among `members` (default: host-updated)."""
+        s = self.s
+        for unit in self.group(pool, s.placement.host_updated if members is None else members):
             t = self.host(pool, per_param * self.numel(unit), dtype)
             if prefix == "moments":
                 t.zero_()
             self.put(pool, f"{prefix}.{unit}", t, t.numel() * t.element_size())
+
+    def state_owners(self, pool: Pool) -> tuple[int, ...]:
+        """Host optimizer state: pinned pools hold the streamed units', pageable ones the rest."""
+        placement = self.s.placement
+        if pool.tier == Tier.PINNED:
+            return tuple(sorted(placement.streamed))
+        return placement.cpu_updated
+
+    def stream_slots(self, pool: Pool) -> None:
+        """GPU staging of streamed units: master, moments and FP32 gradient scratch per slot."""
+        s = self.s
+        numel = self.group_numel(pool.name.rpartition("_")[2])
+        for key in pool.slot_ids():
+            nbytes = numel * (8 + 2 * s.moments_dtype.itemsize)
+            self.put(pool, key, _dev_opt_state(s, numel), nbytes - 4 * numel)
+            self.put(pool, f"{key}.grad", _dev(s, numel, torch.float32), 4 * numel)
 
     def resident(self, pool: Pool, units: list[int]) -> None:
         s = self.s
@@ -228,8 +267,6 @@ class _Allocator:
 
     def allocate(self, pool: Pool) -> None:
         s, name = self.s, pool.name
-        n = s.spec.num_layers
-        group_unit = {"embed": 0, "layers": 1, "head": n + 1}
         if name in NOT_ALLOCATED:
             return
         if name in ("gpu_hidden_grads", "gpu_acts"):
@@ -237,17 +274,21 @@ class _Allocator:
         elif name in ("pinned_acts", "pinned_act_staging"):
             self.hidden(pool, on_device=False)
         elif name in ("gpu_units", "gpu_embed", "gpu_head"):
-            self.unit_slots(pool, group_unit[name.partition("_")[2].replace("units", "layers")])
+            self.unit_slots(pool, name.partition("_")[2].replace("units", "layers"))
         elif name.startswith("pinned_grads_"):
-            self.landing_slots(pool, group_unit[name.rpartition("_")[2]])
+            self.landing_slots(pool, name.rpartition("_")[2])
         elif name.startswith("pinned_bf16_"):
             self.per_unit(pool, "bf16", s.dtype)
         elif name.startswith("grad_accum_"):
             self.per_unit(pool, "accum", torch.float32)
-        elif name.startswith("master_"):
-            self.per_unit(pool, "master", torch.float32)
-        elif name.startswith("moments_"):
-            self.per_unit(pool, "moments", s.moments_dtype, per_param=2)
+        elif name.startswith(("master_", "pinned_master_")):
+            self.per_unit(pool, "master", torch.float32, members=self.state_owners(pool))
+        elif name.startswith(("moments_", "pinned_moments_")):
+            self.per_unit(
+                pool, "moments", s.moments_dtype, per_param=2, members=self.state_owners(pool)
+            )
+        elif name.startswith("gpu_opt_"):
+            self.stream_slots(pool)
         elif name.startswith("gpu_resident_"):
             self.resident(pool, self.group(pool, sorted(s.placement.resident)))
         elif name == "gpu_state":
@@ -272,9 +313,7 @@ class _Allocator:
         as raw bytes that `nvme.stripe_state` views as master / m / v."""
         if not pool.name.startswith("opt_staging_"):
             return
-        group = pool.name.rpartition("_")[2]
-        unit = {"embed": 0, "layers": 1, "head": self.s.spec.num_layers + 1}[group]
-        nbytes = stripe_bytes(self.s, self.numel(unit))
+        nbytes = stripe_bytes(self.s, self.group_numel(pool.name.rpartition("_")[2]))
         for key in pool.slot_ids():
             self.put(pool, key, self.host(pool, nbytes, torch.uint8), nbytes)
 

@@ -116,7 +116,14 @@ def loss(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
 
 
 def gpu_adam(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    unit = _unit(env, b.weights)
-    state = env.buffers[f"devopt.{op.layer}"]
-    assert isinstance(state, OptState)
-    adam.update_device(env.layouts[op.layer], unit.w, unit.g, state, env.hp(op.step), env.step_t)
+    """A resident unit's AdamW (state in `devopt.u`), or a streamed one's (state in the staging
+    slot `b.src`, its FP32 gradient upcast into the slot's scratch)."""
+    unit, layout = _unit(env, b.weights), env.layouts[op.layer]
+    grad32 = None
+    if b.src:
+        state = env.stream_state(b.src, op.layer)
+        grad32 = env.buffers.tensor(f"{b.src}.grad")[: layout.numel]
+    else:
+        state = env.buffers[f"devopt.{op.layer}"]
+        assert isinstance(state, OptState)
+    adam.update_device(layout, unit.w, unit.g, state, env.hp(op.step), env.step_t, grad32)

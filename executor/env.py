@@ -94,6 +94,20 @@ class Env:
             raise RuntimeError(f"expected micro-batch {micro} of step {step}, got {mb}")
         return mb
 
+    def host_state(self, unit: int) -> OptState:
+        """A unit's FP32 master and moments in host RAM."""
+        numel = self.layouts[unit].numel
+        moments = self.buffers.tensor(f"moments.{unit}")
+        master = self.buffers.tensor(f"master.{unit}")
+        return OptState(master=master, m=moments[:numel], v=moments[numel:])
+
+    def stream_state(self, slot: str, unit: int) -> OptState:
+        """A streamed unit's state in GPU staging slot `slot` (sized to the unit's group)."""
+        numel = self.layouts[unit].numel
+        state = self.buffers[slot]
+        assert isinstance(state, OptState), slot
+        return OptState(master=state.master[:numel], m=state.m[:numel], v=state.v[:numel])
+
     def host_parts(self, unit: int, staging: tuple[str, ...]) -> list[Part]:
         """Where a host-updated unit's optimizer state is for this update: RAM, or the NVMe
         stripes just read into `staging` (master from RAM when only moments are on NVMe)."""
@@ -101,10 +115,7 @@ class Env:
         master = self.buffers.items.get(f"master.{unit}")
         assert master is None or isinstance(master, torch.Tensor)
         if not staging:
-            moments = self.buffers.tensor(f"moments.{unit}")
-            assert master is not None
-            state = OptState(master=master, m=moments[:numel], v=moments[numel:])
-            return [Part(lo=0, hi=numel, state=state)]
+            return [Part(lo=0, hi=numel, state=self.host_state(unit))]
         assert self.stripes is not None
         return [
             self.stripes.part(self.buffers.tensor(slot), numel, k, master)

@@ -25,6 +25,24 @@ def d2h_grad(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     env.buffers.tensor(b.dst).copy_(env.buffers.gpu_unit(b.src).g, non_blocking=True)
 
 
+def w_d2h(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+    """A streamed unit's updated weights into the pinned copy the next upload reads."""
+    env.buffers.tensor(b.dst).copy_(env.buffers.gpu_unit(b.src).w, non_blocking=True)
+
+
+def opt_h2d(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+    """A streamed unit's FP32 master and moments from pinned RAM into its GPU slot."""
+    host, dev = env.host_state(op.layer), env.stream_state(b.dst, op.layer)
+    for d, h in zip((dev.master, dev.m, dev.v), (host.master, host.m, host.v), strict=True):
+        d.copy_(h, non_blocking=True)
+
+
+def opt_d2h(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+    host, dev = env.host_state(op.layer), env.stream_state(b.src, op.layer)
+    for d, h in zip((dev.master, dev.m, dev.v), (host.master, host.m, host.v), strict=True):
+        h.copy_(d, non_blocking=True)
+
+
 def copy_activation(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     """ACT_SAVE (device -> pinned, d2h lane) and ACT_LOAD (pinned -> device, h2d lane)."""
     env.buffers.tensor(b.dst).copy_(env.buffers.tensor(b.src), non_blocking=True)
@@ -89,6 +107,9 @@ HANDLERS: dict[OpKind, Handler] = {
     OpKind.D2H_GRAD: d2h_grad,
     OpKind.ADAM: adam_host,
     OpKind.GPU_ADAM: compute.gpu_adam,
+    OpKind.OPT_H2D: opt_h2d,
+    OpKind.OPT_D2H: opt_d2h,
+    OpKind.W_D2H: w_d2h,
     OpKind.CAST: cast,
     OpKind.GRAD_ACCUM: grad_accum,
     OpKind.ACT_SAVE: copy_activation,

@@ -86,6 +86,7 @@ class Run:
             "knobs": {k: getattr(knobs, k) for k in knobs.__slots__},
             "allocated_bytes": dict(env.buffers.allocated),
             "resident": sorted(env.placement.resident),
+            "streamed": sorted(env.placement.streamed),
             "clip": self.plan.config.clip,
         }
 
@@ -101,7 +102,12 @@ def _rss_bytes() -> int:
 def placement_of(p: Plan) -> Placement:
     units = tuple(sorted(resident_preference(p.model)))
     resident = frozenset(p.ledger.resident) if p.config.schedule != "zero-offload" else frozenset()
-    return Placement(schedule=p.config.schedule, resident=resident, units=units)
+    return Placement(
+        schedule=p.config.schedule,
+        resident=resident,
+        units=units,
+        streamed=frozenset(p.ledger.streamed),
+    )
 
 
 def _nvme(p: Plan, s: Setup, directory: Path) -> tuple[NvmeStore | None, StripeFormat | None]:

@@ -30,9 +30,14 @@ class TrainConfig:
     optimizer: str = "cpu"
     moments_dtype: str = "fp32"
     cache_units: int = 3  # GPU cache units for sliding decoder layers (prefetch depth + 1)
-    grad_buffers: int = 3  # pinned CPU landing buffers for downloaded gradients
+    # pinned CPU landing buffers for downloaded decoder-layer gradients; None: 3, or with
+    # streamed units one per host-updated layer (see `ledger.landing_buffers`)
+    grad_buffers: int | None = None
     act_buffers: int = 3  # GPU buffers for layer inputs in flight to/from the CPU
     resident: int | str = 0  # layers kept whole on the GPU: a count, or "auto"
+    # sliding units whose AdamW runs on the GPU, their FP32 master and moments streamed over the
+    # link (up before the unit's backward, down after): a count, or "auto". See `streamed_units`.
+    streamed: int | str = 0
     lce_chunk_tokens: int | None = None  # None: chosen from `lce_budget_bytes`
     lce_budget_bytes: int = 1 << 30
     cpu_threads: int | None = None  # optimizer threads; None: every core
@@ -51,14 +56,21 @@ class TrainConfig:
             raise ValueError(
                 f"cache_units must be >= 2 (one computing, one prefetching), got {self.cache_units}"
             )
-        if self.grad_buffers < 1:
+        if self.grad_buffers is not None and self.grad_buffers < 1:
             raise ValueError(f"grad_buffers must be >= 1, got {self.grad_buffers}")
         if self.act_buffers < 3:
             raise ValueError(
                 f"act_buffers must be >= 3 (input, output, one in flight), got {self.act_buffers}"
             )
-        if not (self.resident == "auto" or (isinstance(self.resident, int) and self.resident >= 0)):
-            raise ValueError(f"resident must be a count >= 0 or 'auto', got {self.resident!r}")
+        for name in ("resident", "streamed"):
+            _count_or_auto(name, getattr(self, name))
+        plain = (self.schedule, self.optimizer, self.grad_accum) == ("sliding", "cpu", 1)
+        if isinstance(self.streamed, int) and self.streamed > 0 and not plain:
+            raise ValueError(
+                f"streamed={self.streamed} needs schedule 'sliding', optimizer 'cpu' and "
+                f"grad_accum 1 (got {self.schedule!r}, {self.optimizer!r}, {self.grad_accum}); "
+                "use streamed=0 or 'auto'"
+            )
         if self.lce_chunk_tokens is not None:
             _positive("lce_chunk_tokens", self.lce_chunk_tokens)
         _positive("lce_budget_bytes", self.lce_budget_bytes)
@@ -84,14 +96,20 @@ class TrainConfig:
         return 8 if self.moments_dtype == "fp32" else 4
 
 
-def parse_resident(text: str) -> int | str:
-    """`--resident` on the command line: a count or `auto`."""
+def parse_count_or_auto(name: str, text: str) -> int | str:
+    """`--resident` / `--streamed` on the command line: a count or `auto`."""
     if text == "auto":
         return "auto"
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"resident must be a count >= 0 or 'auto', got {text!r}") from None
+        raise ValueError(f"{name} must be a count >= 0 or 'auto', got {text!r}") from None
+
+
+def _count_or_auto(name: str, value: object) -> None:
+    ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+    if not ok:
+        raise ValueError(f"{name} must be a count >= 0 or 'auto', got {value!r}")
 
 
 def _positive(name: str, value: int) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slide_ir.graph import Op, OpKind
+from slide_ir.graph import Op, OpKind, Work
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,6 +87,11 @@ class CostModel:
     def seconds(self, op: Op) -> float:
         return self.efficiency.launch_s + HANDLERS[op.kind](self, op)
 
+    def compute_seconds(self, w: Work) -> float:
+        """GPU compute: matmul, attention and elementwise kernels, serial."""
+        r = self.rates
+        return (w.flops - w.attn_flops) / r.flops + w.attn_flops / r.attention + w.bytes / r.hbm
+
     def describe(self) -> dict[str, object]:
         """Rates as used, for a trace's `meta` (what produced these predictions)."""
         r = self.rates
@@ -135,8 +140,7 @@ def _cast_rate(cpu: Any, threads: int | None) -> float:
 
 # -- handlers -----------------------------------------------------------------------------------
 def _gpu_compute(cm: CostModel, op: Op) -> float:
-    w, r = op.work, cm.rates
-    return (w.flops - w.attn_flops) / r.flops + w.attn_flops / r.attention + w.bytes / r.hbm
+    return cm.compute_seconds(op.work)
 
 
 def _gpu_adam(cm: CostModel, op: Op) -> float:
@@ -188,6 +192,9 @@ HANDLERS: Mapping[OpKind, Handler] = {
     OpKind.D2H_GRAD: _transfer,
     OpKind.ADAM: _adam,
     OpKind.GPU_ADAM: _gpu_adam,
+    OpKind.OPT_H2D: _transfer,
+    OpKind.OPT_D2H: _transfer,
+    OpKind.W_D2H: _transfer,
     OpKind.CAST: _cast,
     OpKind.GRAD_ACCUM: _grad_accum,
     OpKind.ACT_SAVE: _transfer,

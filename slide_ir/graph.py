@@ -37,7 +37,10 @@ class OpKind(StrEnum):
     H2D_PARAM = "h2d_param"  # upload a layer's BF16 weights into a GPU cache unit
     D2H_GRAD = "d2h_grad"  # download a layer's gradients into pinned CPU memory
     ADAM = "adam"  # CPU AdamW update of one layer (FP32 master + moments), BF16 cast fused
-    GPU_ADAM = "gpu_adam"  # fused AdamW on the GPU for a resident layer
+    GPU_ADAM = "gpu_adam"  # fused AdamW on the GPU for a resident or streamed layer
+    OPT_H2D = "opt_h2d"  # upload a streamed layer's FP32 master + moments for its GPU AdamW
+    OPT_D2H = "opt_d2h"  # download them back after the update
+    W_D2H = "w_d2h"  # download a streamed layer's updated BF16 weights into the pinned copy
     CAST = "cast"  # FP32 -> BF16 cast of updated weights on the CPU, when not fused into adam
     GRAD_ACCUM = "grad_accum"  # add a micro-batch's landed BF16 grads into the CPU FP32 accumulator
     ACT_SAVE = "act_save"  # copy a layer's input activation GPU -> CPU (d2h lane)

@@ -7,7 +7,9 @@ also the documentation of what an engine allocates: reserved bytes per tier == l
 Tiers for reporting: `gpu`, `cpu` (all host RAM: pinned + pageable) and `nvme`.
 
 Units of the sliding schedule ("layers" in op ids): 0 = embedding, 1..n = decoder layers,
-n+1 = head (final norm + untied LM head). `resident` units live whole on the GPU.
+n+1 = head (final norm + untied LM head). `resident` units live whole on the GPU; `streamed`
+units slide, but their AdamW runs on the GPU: their FP32 master and moments sit in pinned RAM
+and visit a GPU staging ring around the update.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ CUDA_CONTEXT_BYTES = 3 * GIB // 4
 HOST_RUNTIME_BYTES = 2 * GIB
 BF16 = 2
 FP32 = 4
+STREAM_SLOTS = 2  # GPU staging ring of streamed decoder layers: one updating, one loading
 REPORT_TIERS = ("gpu", "cpu", "nvme")
 
 
@@ -54,6 +57,7 @@ class Ledger:
     cpu_capacity: int
     nvme_capacity: int
     resident: tuple[int, ...] = ()  # units kept whole on the GPU
+    streamed: tuple[int, ...] = ()  # sliding units updated on the GPU, state streamed
 
     def peak_bytes(self, tier: str) -> int:
         return sum(t.bytes for t in self.terms if t.report_tier == tier)
@@ -136,9 +140,14 @@ class _Terms:
 
 
 def build_ledger(
-    model: ModelSpec, machine: Machine, config: TrainConfig, resident: tuple[int, ...] = ()
+    model: ModelSpec,
+    machine: Machine,
+    config: TrainConfig,
+    resident: tuple[int, ...] = (),
+    streamed: tuple[int, ...] = (),
 ) -> Ledger:
-    """The ledger of `config.schedule`. `resident` applies to the sliding schedule only."""
+    """The ledger of `config.schedule`. `resident` and `streamed` apply to the sliding schedule
+    only."""
     drives = len(machine.nvme)
     if drives == 0 and "nvme" in (config.optimizer, config.activations):
         raise ValueError(
@@ -147,12 +156,14 @@ def build_ledger(
         )
     terms = _Terms()
     if config.schedule == "sliding":
-        _sliding_terms(terms, model, config, resident, drives)
+        _sliding_terms(terms, model, config, resident, streamed, drives)
     elif config.schedule == "zero-offload":
         _zero_offload_terms(terms, model, config, drives)
     else:
         resident = resident_preference(model)
         _gpu_only_terms(terms, model, config)
+    if config.schedule != "sliding":
+        streamed = ()
     return Ledger(
         schedule=config.schedule,
         terms=tuple(terms.items),
@@ -160,6 +171,7 @@ def build_ledger(
         cpu_capacity=machine.ram_bytes,
         nvme_capacity=sum(d.capacity_bytes for d in machine.nvme),
         resident=tuple(sorted(resident)),
+        streamed=tuple(sorted(streamed)),
     )
 
 
@@ -239,31 +251,38 @@ def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> N
 
 
 def _optimizer_terms(
-    terms: _Terms, model: ModelSpec, config: TrainConfig, units: list[int], drives: int
+    terms: _Terms,
+    model: ModelSpec,
+    config: TrainConfig,
+    units: list[int],
+    drives: int,
+    *,
+    pinned: bool = False,
 ) -> None:
-    """FP32 master + moments of the units updated on the CPU: in RAM, or on NVMe with a staging
-    ring in RAM."""
+    """FP32 master + moments of the units updated from host state: in RAM (pinned for streamed
+    units, which the copy engines read), or on NVMe with a staging ring in RAM."""
     mb = config.moment_bytes
-    on_nvme = {"cpu": 0, "nvme": FP32 + mb, "nvme-moments": mb}[config.optimizer]
+    on_nvme = 0 if pinned else {"cpu": 0, "nvme": FP32 + mb, "nvme-moments": mb}[config.optimizer]
+    tier, prefix, note = (Tier.PINNED, "pinned_", " (pinned)") if pinned else (Tier.CPU, "", "")
     for group, members in _unit_groups(model, units):
         p, k = unit_params(model, members[0]), len(members)
-        if config.optimizer != "nvme":
+        if config.optimizer != "nvme" or pinned:
             terms.add(
-                f"master_{group}",
-                Tier.CPU,
+                f"{prefix}master_{group}",
+                tier,
                 k,
                 p * FP32,
-                "fp32 master weights",
+                "fp32 master weights" + note,
                 f"{k} x {p:.4g} params x 4 B",
                 static=True,
             )
         if not on_nvme:
             terms.add(
-                f"moments_{group}",
-                Tier.CPU,
+                f"{prefix}moments_{group}",
+                tier,
                 k,
                 p * mb,
-                "Adam moments",
+                "Adam moments" + note,
                 f"{k} x {p:.4g} params x {mb} B",
                 static=True,
             )
@@ -291,13 +310,19 @@ def _optimizer_terms(
 
 
 def _sliding_terms(
-    terms: _Terms, model: ModelSpec, config: TrainConfig, resident: tuple[int, ...], drives: int
+    terms: _Terms,
+    model: ModelSpec,
+    config: TrainConfig,
+    resident: tuple[int, ...],
+    streamed: tuple[int, ...],
+    drives: int,
 ) -> None:
     n, mb = model.num_layers, config.moment_bytes
     _common_gpu_terms(terms, model, config)
     _activation_terms(terms, model, config)
     sliding = [u for u in resident_preference(model) if u not in resident]
     sliding_layers = [u for u in sliding if 1 <= u <= n]
+    host_updated = [u for u in sliding if u not in streamed]
     p = model.layer_params
     units = min(config.cache_units, len(sliding_layers))
     terms.add(
@@ -318,14 +343,15 @@ def _sliding_terms(
             f"{group} slot (bf16 weights+grads)",
             f"{q:.4g} params x 4 B",
         )
-        terms.add(
-            f"pinned_grads_{group}",
-            Tier.PINNED,
-            1,
-            q * BF16,
-            "gradient landing (pinned)",
-            f"{q:.4g} params x 2 B",
-        )
+        if members[0] in host_updated:
+            terms.add(
+                f"pinned_grads_{group}",
+                Tier.PINNED,
+                1,
+                q * BF16,
+                "gradient landing (pinned)",
+                f"{q:.4g} params x 2 B",
+            )
     for group, members in _unit_groups(model, list(resident)):
         q, k = unit_params(model, members[0]), len(members)
         terms.add(
@@ -337,8 +363,10 @@ def _sliding_terms(
             f"{k} x {q:.4g} params x {2 * BF16 + FP32 + mb} B",
             static=True,
         )
-    if sliding_layers:
-        g = config.grad_buffers
+    _streamed_staging_terms(terms, model, config, streamed)
+    host_layers = sum(1 for u in host_updated if 1 <= u <= n)
+    if host_layers:
+        g = landing_buffers(config, host_layers, streamed=bool(streamed))
         terms.add(
             "pinned_grads_layers",
             Tier.PINNED,
@@ -368,8 +396,40 @@ def _sliding_terms(
                 f"{k} x {q:.4g} params x 4 B",
                 static=True,
             )
-    _optimizer_terms(terms, model, config, sliding, drives)
+    _optimizer_terms(terms, model, config, host_updated, drives)
+    _optimizer_terms(terms, model, config, list(streamed), drives, pinned=True)
     _host_terms(terms)
+
+
+def landing_buffers(config: TrainConfig, host_layers: int, *, streamed: bool) -> int:
+    """Pinned landing buffers for decoder-layer gradients (a ring). Three keep the d2h lane
+    busy while the CPU updates. With streamed units the backward must run ahead of the CPU
+    through the host-updated layers to reach the streamed ones (which the link updates in
+    parallel), so by default every host-updated layer gets a buffer: 2 B/param more of pinned
+    RAM for those layers."""
+    if config.grad_buffers is not None:
+        return config.grad_buffers
+    return max(3, host_layers) if streamed else 3
+
+
+def _streamed_staging_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, streamed: tuple[int, ...]
+) -> None:
+    """The GPU side of streamed updates: per slot one unit's FP32 master, moments and FP32
+    gradient (the update's upcast). Decoder layers rotate through a ring of STREAM_SLOTS; the
+    embedding and the head have a slot each."""
+    per = 2 * FP32 + config.moment_bytes
+    for group, members in _unit_groups(model, list(streamed)):
+        q = unit_params(model, members[0])
+        k = min(STREAM_SLOTS, len(members)) if group == "layers" else 1
+        terms.add(
+            f"gpu_opt_{group}",
+            Tier.GPU,
+            k,
+            q * per,
+            "streamed optimizer state (fp32 master, moments, grad)",
+            f"{k} x {q:.4g} params x {per} B",
+        )
 
 
 def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, drives: int) -> None:

@@ -19,6 +19,7 @@ from slide_ir.ledger import Ledger, build_ledger, resident_preference
 from slide_ir.model import ModelSpec
 from slide_ir.schedules import Ctx
 from slide_ir.sliding import emit_sliding
+from slide_ir.streaming import choose_streamed
 
 PLAN_VERSION = 1
 EMITTERS = {"sliding": emit_sliding, "zero-offload": emit_zero_offload, "gpu-only": emit_gpu_only}
@@ -38,13 +39,16 @@ class Plan:
 
 
 def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
-    ledger = build_ledger(model, machine, config, choose_resident(model, machine, config))
+    resident = choose_resident(model, machine, config)
+    streamed = choose_streamed(model, machine, config, resident)
+    ledger = build_ledger(model, machine, config, resident, streamed)
     ctx = Ctx(
         model=model,
         config=config,
         b=GraphBuilder(ledger.pools()),
         drives=len(machine.nvme),
         resident=frozenset(ledger.resident) if config.schedule == "sliding" else frozenset(),
+        streamed=frozenset(ledger.streamed),
     )
     EMITTERS[config.schedule](ctx)
     info = GraphInfo(

@@ -30,6 +30,7 @@ class Ctx:
     b: GraphBuilder
     drives: int
     resident: frozenset[int] = frozenset()
+    streamed: frozenset[int] = frozenset()  # sliding units whose AdamW runs on the GPU
     kept: frozenset[int] = frozenset()  # units the forward leaves on the GPU for the backward
     last_update: dict[int, str] = field(default_factory=dict)  # unit -> its latest update op
     weights_ready: dict[int, str] = field(default_factory=dict)  # unit -> op that uploaded it
@@ -39,6 +40,9 @@ class Ctx:
     act_home: dict[int, str] = field(default_factory=dict)  # layer -> pinned/NVMe slot
     act_home_op: dict[int, str] = field(default_factory=dict)  # op that wrote the home copy
     workspace: str = ""  # slot recompute took, for its backward to release
+    state_ready: dict[int, str] = field(default_factory=dict)  # streamed unit -> its state's d2h
+    opt_slot: dict[int, str] = field(default_factory=dict)  # streamed unit -> GPU state slot
+    opt_ready: dict[int, str] = field(default_factory=dict)  # streamed unit -> its state's h2d
 
     @property
     def n(self) -> int:
@@ -259,7 +263,7 @@ def adam_work(ctx: Ctx, unit: int) -> Work:
 
 
 def gpu_adam_work(ctx: Ctx, unit: int) -> Work:
-    """The GPU AdamW of a resident unit as the executor runs it: the host update's 28 B/param,
+    """The GPU AdamW of a resident or streamed unit as the executor runs it: the host update's 28 B/param,
     plus the BF16 gradient's FP32 upcast through a temporary (written, then read: 8 B) and the
     BF16 weights re-read from the updated FP32 master (4 B more than the fused cast counted)."""
     p = unit_params(ctx.model, unit)

@@ -5,11 +5,18 @@ units `cache_units - 1` layers ahead of the forward; the last of them stay on th
 backward. In backward, layer j's gradients go down on `d2h` as soon as its backward ends and its
 AdamW update runs on `cpu` while the GPU computes layer j-1. The next step's upload of a unit
 waits for that unit's update. Resident units never move: a GPU AdamW updates them in place.
+
+Streamed units (see `streaming`) slide like the others, but their FP32 state comes up on `h2d`
+before their backward (a decoder layer's with its weights, the embedding's right after the
+loss, where the kept layers' backward leaves the link idle), a GPU AdamW updates them after
+it, and the new BF16 weights, then the state, go down on `d2h`. The next step's upload waits
+for the weights only; the next state upload waits for the state.
 """
 
 from __future__ import annotations
 
 from slide_ir.graph import OpKind, Work
+from slide_ir.ledger import FP32, unit_params
 from slide_ir.schedules import (
     Ctx,
     OptimizerIo,
@@ -74,6 +81,8 @@ class _Micro:
             self._upload_layers(self.layers, self.layers.index(unit))
         if unit == n + 1 or self.uploaded["fwd"].issuperset(self.layers):
             self._upload(n + 1)
+        if unit == n + 1:
+            self._upload_state(n + 1)
 
     def before_backward(self, layer: int) -> None:
         ctx = self.ctx
@@ -81,6 +90,9 @@ class _Micro:
         if layer in back:
             self._upload_layers(back, back.index(layer))
         prefetch_activations(ctx, self.step, self.micro, layer)
+        self._upload_state(layer)
+        if layer == ctx.n:
+            self._upload_state(0)
 
     def _upload_layers(self, order: list[int], pos: int) -> None:
         for u in order[pos : pos + self.ahead + 1]:
@@ -107,10 +119,31 @@ class _Micro:
         )
         ctx.unit_slot[unit], ctx.weights_ready[unit] = slot, op_id
 
+    def _upload_state(self, unit: int) -> None:
+        """A streamed unit's FP32 master + moments into a GPU staging slot."""
+        ctx = self.ctx
+        if unit not in ctx.streamed or unit in ctx.opt_slot:
+            return
+        op_id = ctx.sid(self.step, unit, "opt.h2d")
+        (slot,) = ctx.b.emit(
+            op_id,
+            K.OPT_H2D,
+            "h2d",
+            step=self.step,
+            layer=unit,
+            work=Work(bytes=_state_bytes(ctx, unit)),
+            deps=[ctx.state_ready.get(unit)],
+            acquire=[f"gpu_opt_{unit_group(ctx, unit)}"],
+        )
+        ctx.opt_slot[unit], ctx.opt_ready[unit] = slot, op_id
+
     # -- gradients -----------------------------------------------------------------------------
     def after_bwd(self, unit: int) -> None:
         ctx, step = self.ctx, self.step
         produced_by = ctx.oid(step, self.micro, unit, "loss" if unit == ctx.n + 1 else "bwd")
+        if unit in ctx.streamed:
+            self._streamed_update(unit)
+            return
         if unit in ctx.resident:
             if self.last:
                 op_id = ctx.sid(step, unit, "gpu_adam")
@@ -144,3 +177,25 @@ class _Micro:
             )
             return
         self.io.update(self.order, unit, deps=[d2h], release=(landing,))
+
+    def _streamed_update(self, unit: int) -> None:
+        """GPU AdamW of a streamed unit, then its new BF16 weights and its state go down."""
+        ctx, step = self.ctx, self.step
+        b = ctx.b
+        adam = ctx.sid(step, unit, "gpu_adam")
+        b.emit(adam, K.GPU_ADAM, "gpu", step=step, layer=unit, work=gpu_adam_work(ctx, unit),
+               deps=[ctx.opt_ready.pop(unit)])  # fmt: skip
+        weights = ctx.sid(step, unit, "w.d2h")
+        b.emit(weights, K.W_D2H, "d2h", step=step, layer=unit,
+               work=Work(bytes=param_bytes(ctx, unit)), deps=[adam],
+               release=[ctx.unit_slot.pop(unit)])  # fmt: skip
+        state = ctx.sid(step, unit, "opt.d2h")
+        b.emit(state, K.OPT_D2H, "d2h", step=step, layer=unit,
+               work=Work(bytes=_state_bytes(ctx, unit)), deps=[adam],
+               release=[ctx.opt_slot.pop(unit)])  # fmt: skip
+        ctx.last_update[unit], ctx.state_ready[unit] = weights, state
+
+
+def _state_bytes(ctx: Ctx, unit: int) -> int:
+    """FP32 master + both moments of a unit."""
+    return unit_params(ctx.model, unit) * (FP32 + ctx.config.moment_bytes)

@@ -11,7 +11,7 @@ from slide_ir.config import (
     OPTIMIZER_PLACES,
     SCHEDULES,
     TrainConfig,
-    parse_resident,
+    parse_count_or_auto,
 )
 from slide_ir.hardware import Machine, load_machine
 from slide_ir.model import ModelSpec, load_model
@@ -65,6 +65,12 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
     parser.add_argument(
         "--resident", default="0", help="units kept whole on the GPU: a count or 'auto' [0]"
     )
+    parser.add_argument(
+        "--streamed",
+        default="0",
+        help="sliding units updated on the GPU, their FP32 state streamed over the link: a "
+        "count or 'auto' (relieves a CPU-bound optimizer) [0]",
+    )
     parser.add_argument("--cpu-threads", type=int, help="optimizer threads [all cores]")
     parser.add_argument("--clip", choices=CLIP_MODES, default="none",
                         help="gradient clipping: per-unit clips each layer's gradient by its own "
@@ -87,7 +93,8 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "optimizer": args.optimizer,
         "moments_dtype": args.moments,
         "cache_units": args.cache_units,
-        "resident": parse_resident(args.resident),
+        "resident": parse_count_or_auto("resident", args.resident),
+        "streamed": parse_count_or_auto("streamed", args.streamed),
         "cpu_threads": args.cpu_threads,
         "clip": args.clip,
         "clip_norm": args.clip_norm,

@@ -84,7 +84,9 @@ def _weight_error(ours: dict, gold: dict, init: dict) -> float:
 
 
 @pytest.mark.parametrize(
-    "config", [{}, {"resident": 3, "activations": "gpu"}], ids=["sliding", "resident"]
+    "config",
+    [{}, {"resident": 3, "activations": "gpu"}, {"streamed": 3}],
+    ids=["sliding", "resident", "streamed"],
 )
 def test_bf16_run_within_bf16_noise_of_plain_pytorch(config: dict) -> None:
     init = state_dict_fp32(hf_model(CONFIG))
@@ -108,7 +110,7 @@ def test_allocation_count_flat_after_first_step() -> None:
         stats = torch.cuda.memory_stats()
         counts.append(stats.get("num_device_alloc", stats["segment.all.allocated"]))
 
-    _ours({"resident": 1}, on_step)
+    _ours({"resident": 1, "streamed": 2}, on_step)
     print("cudaMalloc count after each step:", counts)
     # the step after the first can overlap its tail, so the steady state starts at step 2
     assert counts[1:] == [counts[1]] * (len(counts) - 1)

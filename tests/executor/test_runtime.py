@@ -17,6 +17,8 @@ from slide_ir import OpKind, TrainConfig, load_machine, load_model
 
 # Lanes of every kind at once: sliding + resident units, NVMe activations, micro-batches.
 BUSY = {"drives": 2, "activations": "nvme", "grad_accum": 2, "resident": 1, "steps": 4}
+# Streamed updates: six ops per streamed unit and step across three lanes.
+STREAMED = {"streamed": 3, "steps": 4, "grad_buffers": 1}
 
 
 def test_handler_table_covers_every_op_kind() -> None:
@@ -30,6 +32,15 @@ def test_random_delays_in_every_lane_change_nothing(monkeypatch: pytest.MonkeyPa
     for seed in ("1", "2"):
         monkeypatch.setenv("SLIDE_DELAY_SEED", seed)
         assert_bitwise_equal(run_executor(False, **BUSY), calm)
+
+
+def test_random_delays_change_nothing_with_streamed_updates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calm = run_executor(True, **STREAMED)
+    monkeypatch.setenv("SLIDE_RANDOM_DELAY_MS", "3")
+    monkeypatch.setenv("SLIDE_DELAY_SEED", "3")
+    assert_bitwise_equal(run_executor(True, **STREAMED), calm)
 
 
 def test_serialised_run_equals_overlapped_run(monkeypatch: pytest.MonkeyPatch) -> None:

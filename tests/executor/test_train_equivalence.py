@@ -29,6 +29,10 @@ CASES = {
         True,
         {"clip": "per-unit", "clip_norm": 0.05, "resident": 2, "grad_accum": 2},
     ),
+    # streamed: the embedding + first layer (tied: LM head's grads too) updated on the "GPU"
+    "streamed-2-tied": (True, {"streamed": 2}),
+    "streamed-all-untied-clip": (False, {"streamed": 6, "clip": "per-unit", "clip_norm": 0.05}),
+    "streamed-1-resident-1": (False, {"resident": 1, "streamed": 1}),
     "nvme-moments-accum-resident": (
         False,
         {"optimizer": "nvme-moments", "drives": 3, "grad_accum": 2, "resident": 1},

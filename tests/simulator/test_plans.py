@@ -15,6 +15,7 @@ from slide_ir.ledger import REPORT_TIERS
 CASES = {
     "sliding-cpu": ("qwen2.5-3b", "paper-pc-4090", {}),
     "sliding-resident": ("qwen2.5-3b", "h200-16c-128g", {"resident": "auto"}),
+    "sliding-streamed": ("qwen2.5-3b", "h200-16c-128g", {"streamed": "auto"}),
     "sliding-nvme": ("qwen2.5-3b", "paper-pc-4090", {"activations": "nvme", "optimizer": "nvme"}),
     "sliding-accum": ("llama-3.2-1b", "paper-pc-4090", {"grad_accum": 2}),
     "zero-offload": ("llama-3.2-1b", "paper-pc-4090", {"schedule": "zero-offload"}),
@@ -72,7 +73,10 @@ def test_rings_fill_and_never_overflow(result):
     for pool in graph.pools:
         if not pool.static:
             assert peak[pool.name] <= pool.slots, pool.name
-    for name in ("gpu_units", "pinned_grads_layers", "pinned_acts"):
+    gating = ["gpu_units", "pinned_acts"]
+    if not result.plan.ledger.streamed:  # with streaming, sized so that it never gates
+        gating.append("pinned_grads_layers")
+    for name in gating:
         if any(p.name == name for p in graph.pools):
             assert peak[name] == graph.pool(name).slots, name
 

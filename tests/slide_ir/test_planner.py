@@ -91,6 +91,7 @@ def test_gpu_only_holds_16_bytes_per_param(llama8b, pc):
         {"optimizer": "nvme-moments", "moments_dtype": "bf16"},
         {"grad_accum": 2},
         {"resident": 3},
+        {"resident": 1, "streamed": 4, "moments_dtype": "bf16"},
         {"cache_units": 2, "act_buffers": 4},
         {"schedule": "zero-offload", "activations": "nvme"},
         {"schedule": "gpu-only", "activations": "gpu"},

@@ -1,0 +1,88 @@
+"""Streamed updates: which units stream, what the ledger and the graph hold for them."""
+
+from __future__ import annotations
+
+import pytest
+
+from slide_ir import OpKind, TrainConfig, load_machine, load_model
+from slide_ir.config import parse_count_or_auto
+from slide_ir.ledger import build_ledger, resident_preference
+from slide_ir.planner import plan
+from slide_ir.streaming import choose_streamed
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_machine("h200-16c-128g")
+
+
+def test_streamed_units_move_state_to_pinned_ram_and_add_gpu_staging(h200):
+    model = load_model("llama-3.2-3b")
+    config = TrainConfig(batch=16, seq=1024, streamed=5)
+    base = build_ledger(model, h200, config)
+    led = build_ledger(model, h200, config, streamed=(0, 1, 2, 3, 4))
+    layer, embed = model.layer_params, model.embedding_params
+    # host RAM: master + moments move from pageable to pinned; the total is unchanged but for
+    # the landing ring, which now holds every host-updated layer (24) instead of 3
+    assert (
+        led.pinned_bytes() - base.pinned_bytes()
+        == 12 * (embed + 4 * layer) + 2 * layer * (24 - 3) - 2 * embed
+    )
+    gpu = led.breakdown("gpu")["streamed optimizer state (fp32 master, moments, grad)"]
+    assert gpu == 16 * (embed + 2 * layer)  # the embedding's slot + a ring of two layers
+    assert led.peak_bytes("cpu") - base.peak_bytes("cpu") == 2 * layer * (24 - 3) - 2 * embed
+
+
+def test_streamed_graph_updates_on_the_gpu_with_state_round_trips(h200):
+    model = load_model("llama-3.2-3b")
+    p = plan(model, h200, TrainConfig(batch=8, seq=1024, steps=2, streamed=3))
+    assert p.ledger.streamed == (0, 1, 2)
+    kinds = [op.kind for op in p.graph.ops]
+    assert kinds.count(OpKind.OPT_H2D) == kinds.count(OpKind.OPT_D2H) == 2 * 3
+    assert kinds.count(OpKind.GPU_ADAM) == kinds.count(OpKind.W_D2H) == 2 * 3
+    assert kinds.count(OpKind.ADAM) == 2 * (model.num_layers + 2 - 3)
+    assert not any(op.id.startswith("s1.L1.g.d2h") for op in p.graph.ops)
+    # step 2: state up waits for step 1's state down; weights up wait for the weights down
+    assert p.graph.op("s2.L1.opt.h2d").deps == ("s1.L1.opt.d2h",)
+    assert "s1.L1.w.d2h" in p.graph.op("s2.L1.w.h2d").deps
+    assert p.graph.op("s1.L1.opt.h2d").work.bytes == 12 * model.layer_params
+
+
+def test_auto_streams_on_a_cpu_bound_h200_and_not_with_nvme_state(h200):
+    model = load_model("llama-3.2-3b")
+    chosen = choose_streamed(model, h200, TrainConfig(batch=16, seq=1024, streamed="auto"), ())
+    assert chosen[:2] == resident_preference(model)[:2]  # the embedding first, then layer 1
+    assert 2 <= len(chosen) < model.num_layers
+    nvme = load_machine("h200-16c-128g", nvme=1)
+    config = TrainConfig(batch=16, seq=1024, streamed="auto", optimizer="nvme")
+    assert choose_streamed(model, nvme, config, ()) == ()
+
+
+def test_auto_keeps_the_gpu_under_its_margin_and_the_host_feasible(h200):
+    model = load_model("llama-3.1-8b")
+    config = TrainConfig(batch=32, seq=1024, streamed="auto")
+    p = plan(model, h200, config)
+    assert p.feasible, p.ledger.overflows()
+    assert p.ledger.peak_bytes("gpu") <= 0.95 * h200.gpu.memory_bytes
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"streamed": 2, "optimizer": "nvme"}, "streamed=2 needs schedule 'sliding', optimizer"),
+        ({"streamed": 1, "grad_accum": 2}, "grad_accum 1"),
+        ({"streamed": -1}, "streamed must be a count >= 0 or 'auto', got -1"),
+        ({"streamed": "most"}, "streamed must be a count >= 0 or 'auto', got 'most'"),
+    ],
+)
+def test_bad_streamed_requests_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(batch=1, seq=64, **kwargs)
+
+
+def test_streamed_count_is_bounded_by_the_sliding_units(h200):
+    model = load_model("llama-3.2-1b")
+    with pytest.raises(ValueError, match="streamed must be at most 16"):
+        plan(model, h200, TrainConfig(batch=1, seq=64, resident=2, streamed=17))
+    assert parse_count_or_auto("streamed", "auto") == "auto"
+    assert parse_count_or_auto("streamed", "3") == 3
