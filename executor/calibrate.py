@@ -8,8 +8,10 @@ whole run stays under ~3 minutes on one H200 host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,10 +154,41 @@ class _WholeBuffer:
         return [(0, self.n, True)]
 
 
-def adam_rate(threads: int, elements: int = 64 * MB) -> Figure:
+class _DmaLoad:
+    """Both copy engines busy (pinned h2d and d2h, 256 MiB copies in a loop) while a CPU probe
+    runs: the DRAM traffic a sliding backward puts beside the host update."""
+
+    def __init__(self, size_mb: int = 256) -> None:
+        n = size_mb * MB
+        self.bufs = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        self.devs = [torch.empty(n, dtype=torch.uint8, device="cuda") for _ in range(2)]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        up, down = torch.cuda.Stream(), torch.cuda.Stream()
+        while not self.stop.is_set():
+            with torch.cuda.stream(up):
+                self.devs[0].copy_(self.bufs[0], non_blocking=True)
+            with torch.cuda.stream(down):
+                self.bufs[1].copy_(self.devs[1], non_blocking=True)
+            up.synchronize()
+            down.synchronize()
+
+    def __enter__(self) -> _DmaLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def adam_rate(threads: int, elements: int = 64 * MB, *, under_dma: bool = False) -> Figure:
     """The executor's own host update (`executor.adam.update_host`): BF16 gradients in, FP32
     master and moments updated in cache-sized fused chunks, BF16 weights cast out in the same
-    pass: 28 bytes of DRAM traffic per element."""
+    pass: 28 bytes of DRAM traffic per element. `under_dma`: with both copy engines streaming
+    (`_DmaLoad`), as during a sliding backward."""
     from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_host
     from executor.buffers import OptState
 
@@ -171,12 +204,14 @@ def adam_rate(threads: int, elements: int = 64 * MB) -> Figure:
         hp = StepHp(step=1, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
         scratch = HostScratch(bf16_moments=False)
         layout = _WholeBuffer(elements)
-        rate = elements / _host_median(lambda: update_host(layout, grad, parts, out, hp, scratch))  # type: ignore[arg-type]
+        with _DmaLoad() if under_dma else contextlib.nullcontext():
+            seconds = _host_median(lambda: update_host(layout, grad, parts, out, hp, scratch))  # type: ignore[arg-type]
     finally:
         torch.set_num_threads(previous)
+    load = ", h2d + d2h copies running" if under_dma else ""
     return Figure(
-        rate,
-        f"executor host AdamW (bf16 grads, fused bf16 cast), {elements / 1e6:.0f}M elements, {threads} threads",
+        elements / seconds,
+        f"executor host AdamW (bf16 grads, fused bf16 cast), {elements / 1e6:.0f}M elements, {threads} threads{load}",
     )
 
 

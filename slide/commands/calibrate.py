@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         "link": cal.link_rates,
         "adam_all": lambda: cal.adam_rate(threads),
         "adam_half": lambda: cal.adam_rate(max(1, threads // 2)),
+        "adam_under_dma": lambda: cal.adam_rate(threads, under_dma=True),
         "cast": lambda: cal.cast_rate(cores),
     }
     if args.nvme_dir:

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call (llama-3.2-3b): GPU tests of the executor, calibrate (with the host update
+# measured under DMA load), then throughput of pure sliding and streamed updates at several
+# batches with the compute-only ceiling, traces and saved plans for bench/accuracy.py.
+#   bash bench/h200_streamed.sh "$OUT"      (carry .whl: simpy)
+set -uo pipefail
+out=${1:?output directory}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/simpy-*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+t0=$(date +%s)
+stamp() { echo "== $1: $(( $(date +%s) - t0 )) s"; }
+python3 -m pytest tests/executor/test_gpu.py -q -x -s 2>&1 | grep -E "passed|failed|Error|error|loss err|cudaMalloc" | tail -8
+stamp tests
+python3 -c "from slide.cli import main; raise SystemExit(main(['calibrate', '--name', 'h200-16c-128g', '--out', '$out/h200-calibrated.toml']))" 2>&1 | tail -2
+grep "^# adam" "$out/h200-calibrated.toml"
+stamp calibrate
+run() { python3 -m bench.train_throughput --model llama-3.2-3b --machine bench/data/h200-calibrated.toml --traces "$out/traces" --out "$out/throughput.jsonl" "$@" 2>&1 | grep -v "^INFO" | cut -c1-400 ; }
+run --batch 16 --variants pure,streamed=auto,streamed=8,streamed=auto+cpu_threads=12 --compute-only
+stamp b16
+run --batch 8,32 --variants streamed=auto --compute-only
+stamp b8-32
+run --batch 64,48 --variants pure --compute-only
+stamp b64-48
+run --batch 4 --variants streamed=auto,pure --compute-only
+stamp b4
