@@ -1,6 +1,6 @@
 """Benchmark the kernels on the GPU against torch eager, torch.compile of the reference, and liger.
 
-    python bench/kernels.py [--out DIR] [--quick]
+    python -m bench.kernels [--out DIR] [--quick] [--sweep]     (or python bench/kernels.py)
 
 - LCE, hidden 4096, vocab 128256, bf16, tokens 8192 / 32768 / 65536: forward+backward time and
   peak extra memory (max_memory_allocated during the step minus what was allocated before it;
@@ -8,8 +8,12 @@
 - RMSNorm, RoPE, SwiGLU at Llama-3.1-8B shapes for 16 x 1024 tokens, bf16: forward and backward
   time and achieved bandwidth (the bytes each pass must read and write, over its time), against a
   device-to-device copy measured in the same run.
+- Backward kernels alone (no autograd, no host): RMSNorm and RoPE, slide only.
+- --sweep: slide's launch settings (the module constants, set one at a time), and the LCE's
+  chunk size x logits dtype x d(weight) accumulation dtype at every LCE size (time, peak extra,
+  and at 8192 tokens the gradients' error against an fp32 run, as a multiple of eager bf16's).
 Times are triton.testing.do_bench medians (warm-up first); every size draws fresh inputs.
-Prints a markdown table and writes it (and the raw rows as JSON) to DIR (default $OUT or ./out).
+Prints markdown tables and writes them (and the raw rows as JSON) to DIR (default $OUT or ./out).
 """
 
 import sys
@@ -22,6 +26,7 @@ sys.path[0] = str(REPO)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import functools  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -220,10 +225,15 @@ def _sweep_rows(label: str, module, settings: list[dict], timed: dict) -> list[s
         for key, value in setting.items():
             setattr(module, key, value)
         for name, (fn, nbytes) in timed.items():
-            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            try:
+                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            except Exception as exc:  # a setting the compiler refuses: say so, keep sweeping
+                lines.append(f"| {label} {name} | {setting} | failed: {type(exc).__name__} | |")
+                continue
             lines.append(
                 f"| {label} {name} | {setting} | {ms * 1e3:.1f} | {nbytes / ms / 1e6:.0f} |"
             )
+            print(lines[-1], flush=True)
     for key, value in defaults.items():
         setattr(module, key, value)
     return lines
@@ -242,63 +252,161 @@ def _sweep_rms_norm(rn, gen, n: int) -> list[str]:
     x = torch.randn(BATCH * SEQ * LLAMA_8B["hidden"] // n, n, device=DEV, generator=gen).to(DTYPE)
     w, dy = torch.ones(n, device=DEV, dtype=x.dtype), torch.randn_like(x)
     _, rstd = rn.rms_norm_forward(x, w, 1e-5)
-    return _sweep_rows(f"rms_norm N={n}", rn, [{"TILE": t, "ELEMS_PER_THREAD": e} for t, e in
-                       [(4096, 16), (4096, 8), (8192, 16), (8192, 32), (16384, 32)]],
-                       {"fwd": (lambda: rn.rms_norm_forward(x, w, 1e-5), 2 * x.nbytes),
-                        "bwd": (lambda: rn.rms_norm_backward(dy, x, w, rstd), 3 * x.nbytes)})  # fmt: skip
+    fwd = _sweep_rows(f"rms_norm N={n}", rn, [{"TILE": t, "ELEMS_PER_THREAD": e} for t, e in
+                      [(4096, 16), (4096, 8), (8192, 16), (8192, 32), (16384, 32)]],
+                      {"fwd": (lambda: rn.rms_norm_forward(x, w, 1e-5), 2 * x.nbytes)})  # fmt: skip
+    # backward kernel + the torch sum of the partial d(weight) rows, as autograd runs it
+    bwd_settings = [
+        {"BWD_TILE": rn.BWD_TILE, "BWD_ELEMS_PER_THREAD": rn.BWD_ELEMS_PER_THREAD,
+         "BWD_PER_SM": rn.BWD_PER_SM}
+    ] + [
+        {"BWD_TILE": t, "BWD_ELEMS_PER_THREAD": e, "BWD_PER_SM": p}
+        for t in (4096, 8192, 16384) for e in (8, 16) for p in (1, 2, 4)
+    ]  # fmt: skip
+    bwd = _sweep_rows(f"rms_norm N={n}", rn, bwd_settings,
+                      {"bwd": (lambda: rn.rms_norm_backward(dy, x, w, rstd), 3 * x.nbytes)})  # fmt: skip
+    return fwd + bwd
 
 
-def _sweep_rope(rp, gen) -> list[str]:
+def _rope_inputs(gen):
     m = LLAMA_8B
     q = _hf_layout(BATCH, SEQ, m["q_heads"], m["head_dim"], gen)
     k = _hf_layout(BATCH, SEQ, m["kv_heads"], m["head_dim"], gen)
     cos, sin = kernels.rope_cos_sin(
         m["head_dim"], torch.arange(SEQ, device=DEV), 5e5, dtype=q.dtype
     )
-    return _sweep_rows("rope", rp, [{"ELEMS_PER_THREAD": e} for e in (4, 8, 16, 32)],
-                       {"fwd": (lambda: rp.rope_apply(q, k, cos, sin, backward=False),
-                                2 * (q.nbytes + k.nbytes))})  # fmt: skip
+    return q, k, cos, sin
+
+
+def _sweep_rope(rp, gen) -> list[str]:
+    q, k, cos, sin = _rope_inputs(gen)
+    dq, dk = _rope_inputs(gen)[:2]  # upstream gradients in the same strided layout
+    nbytes = 2 * (q.nbytes + k.nbytes)
+    return _sweep_rows("rope", rp, [{"ELEMS_PER_THREAD": e} for e in (32, 4, 8, 16, 64)],
+                       {"fwd": (lambda: rp.rope_apply(q, k, cos, sin, backward=False), nbytes),
+                        "bwd": (lambda: rp.rope_apply(dq, dk, cos, sin, backward=True), nbytes)})  # fmt: skip
 
 
 def _sweep_lce_rows(lce, gen) -> list[str]:
-    """The LCE row kernel alone on one 2048-token chunk, grads over the logits or apart."""
+    """The LCE row kernel alone on one 2048-token chunk: bf16 logits with the gradient written in
+    place (the default), fp32 logits with bf16 gradients over them (aliased) or apart."""
     rows, vocab = 2048, LCE_SHAPE["vocab"]
     logits = torch.randn(rows, vocab, device=DEV, generator=gen)
+    logits16 = logits.to(DTYPE)
     aliased = logits.view(DTYPE)[:, :vocab]
     separate = torch.empty(rows, vocab, device=DEV, dtype=DTYPE)
     labels = torch.randint(0, vocab, (rows,), device=DEV, generator=gen)
     losses, scale = torch.empty(rows, device=DEV), torch.ones((), device=DEV)
 
-    def launch(grad, alias):
+    def launch(src, grad, alias):
         return lambda: lce._lce_rows_kernel[(rows,)](
-            logits, grad, labels, losses, scale, vocab, logits.stride(0), grad.stride(0), -100,
+            src, grad, labels, losses, scale, vocab, src.stride(0), grad.stride(0), -100,
             BLOCK_V=lce.BLOCK_V, ALIASED=alias, num_warps=lce.ROW_WARPS)  # fmt: skip
 
     return _sweep_rows("lce rows 2048", lce, [{"BLOCK_V": b, "ROW_WARPS": w} for b, w in
-                       [(2048, 8), (4096, 8), (4096, 16), (8192, 16), (8192, 32)]],
-                       {"aliased": (launch(aliased, True), rows * vocab * 10),
-                        "separate": (launch(separate, False), rows * vocab * 10)})  # fmt: skip
+                       [(lce.BLOCK_V, lce.ROW_WARPS), (2048, 4), (2048, 8), (4096, 16), (8192, 16),
+                        (8192, 32)]],
+                       {"bf16 in place": (launch(logits16, logits16, False), rows * vocab * 6),
+                        "fp32, aliased": (launch(logits, aliased, True), rows * vocab * 10),
+                        "fp32, separate": (launch(logits, separate, False), rows * vocab * 10)})  # fmt: skip
 
 
-def _sweep_lce_chunks(gen) -> list[str]:
-    """The whole LCE at 8192 tokens for several chunk sizes: time and peak extra memory."""
-    vocab, lines = LCE_SHAPE["vocab"], []
-    hidden = LCE_SHAPE["hidden"]
-    h = torch.randn(8192, hidden, device=DEV, generator=gen).to(DTYPE).requires_grad_()
-    w = (torch.randn(vocab, hidden, device=DEV, generator=gen) / hidden**0.5).to(DTYPE)
-    w.requires_grad_()
-    labels = torch.randint(0, vocab, (8192,), device=DEV, generator=gen)
-    for chunk in (512, 1024, 2048, 4096):
+# (chunk or None for lce_chunk_size's, logits_fp32, accumulate_fp32); the first is the default
+LCE_SWEEP = [(None, False, False)] + [
+    (c, False, False) for c in (512, 1024, 2048, 4096)
+] + [(c, lf, af) for c in (1024, 2048) for lf, af in [(True, False), (False, True)]] + [
+    (2048, True, True)  # the previous design: fp32 logits, fp32 d(weight)
+]  # fmt: skip
 
-        def step(chunk=chunk):
-            kernels.fused_linear_cross_entropy(h, w, labels, chunk_size=chunk).backward()
 
-        ms = do_bench(step, warmup=50, rep=500, grad_to_none=[h, w], return_mode="median")
-        h.grad = w.grad = None
-        lines.append(
-            f"| lce T=8192 | chunk {chunk} | {ms * 1e3:.0f} | {step_memory(step):.2f} GiB |"
+def _lce_inputs(n_tokens: int, dtype: torch.dtype, seed: int):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    hidden, vocab = LCE_SHAPE["hidden"], LCE_SHAPE["vocab"]
+    h = torch.randn(n_tokens, hidden, device=DEV, generator=gen).to(dtype).requires_grad_()
+    w = (torch.randn(vocab, hidden, device=DEV, generator=gen) / hidden**0.5).to(dtype)
+    labels = torch.randint(0, vocab, (n_tokens,), device=DEV, generator=gen)
+    labels[torch.rand(n_tokens, device=DEV, generator=gen) < 0.05] = -100
+    return h, w.requires_grad_(), labels
+
+
+def _grads(fn, h, w, labels) -> tuple[torch.Tensor, ...]:
+    h.grad = w.grad = None
+    loss = fn(h, w, labels)
+    loss.backward()
+    out = (loss.detach().float(), h.grad.float(), w.grad.float())
+    h.grad = w.grad = None
+    return out
+
+
+def _rel(x: torch.Tensor, gold: torch.Tensor) -> float:
+    return float((x - gold).norm() / gold.norm())
+
+
+def _lce_errors(h, w, labels) -> tuple[dict, tuple[float, ...]]:
+    """Gold (fp32 inputs and GEMMs, our kernel) and eager bf16's relative errors against it."""
+    h32, w32 = (t.detach().float().requires_grad_() for t in (h, w))
+    gold = _grads(kernels.fused_linear_cross_entropy, h32, w32, labels)
+    del h32, w32
+    eager = _grads(reference.linear_cross_entropy, h, w, labels)
+    errs = tuple(_rel(e, g) for e, g in zip(eager, gold, strict=True))
+    torch.cuda.empty_cache()
+    return {"gold": gold}, errs
+
+
+def _lce_sweep_row(lce, h, w, labels, setting, gold: dict, eager_errs: tuple) -> str:
+    """One LCE_SWEEP setting at h's token count: time, peak extra, and errors if gold is given."""
+    chunk, logits_fp32, acc_fp32 = setting
+    fn = functools.partial(
+        kernels.fused_linear_cross_entropy,
+        chunk_size=chunk, logits_fp32=logits_fp32, accumulate_fp32=acc_fp32,
+    )  # fmt: skip
+
+    def step():
+        fn(h, w, labels).backward()
+
+    step()
+    h.grad = w.grad = None
+    ms = do_bench(step, warmup=25, rep=1000, grad_to_none=[h, w], return_mode="median")
+    h.grad = w.grad = None
+    peak = step_memory(step)
+    errs = "-"
+    if gold:
+        got = _grads(fn, h, w, labels)
+        errs = " / ".join(
+            f"{_rel(x, g) / (e or float('nan')):.2f}"
+            for x, g, e in zip(got, gold["gold"], eager_errs, strict=True)
         )
-        h.grad = w.grad = None
+    h.grad = w.grad = None
+    n_tokens, vocab = h.shape[0], w.shape[0]
+    used = chunk or lce.lce_chunk_size(n_tokens, vocab, 4 if logits_fp32 else 2)
+    eager_gib = n_tokens * vocab * 12 / GIB
+    return (
+        f"| {n_tokens} | {used}{' (auto)' if chunk is None else ''} "
+        f"| {'fp32' if logits_fp32 else 'bf16'} | {'fp32' if acc_fp32 else 'bf16'} "
+        f"| {ms:.1f} | {peak:.2f} | {100 * peak / eager_gib:.1f} | {errs} |"
+    )
+
+
+def _sweep_lce(lce) -> list[str]:
+    """The whole LCE (forward + backward) under each LCE_SWEEP setting at every LCE size: time,
+    peak extra (% of eager's T x V x 12 bytes), and at 8192 tokens the error of loss, d(hidden),
+    d(weight) against an fp32 run, as a multiple of eager bf16's."""
+    lines = [
+        "| lce T | chunk | logits | d(weight) sum | ms | peak GiB | % of eager | err x eager "
+        "(loss / dh / dW) |",
+        "| ---: | ---: | --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for n_tokens in LCE_TOKENS:
+        h, w, labels = _lce_inputs(n_tokens, DTYPE, seed=n_tokens + 1)
+        gold, eager_errs = _lce_errors(h, w, labels) if n_tokens == 8192 else ({}, ())
+        for setting in LCE_SWEEP:
+            lines.append(_lce_sweep_row(lce, h, w, labels, setting, gold, eager_errs))
+            print(lines[-1], flush=True)
+        if eager_errs:
+            errs = " / ".join(f"{e:.1e}" for e in eager_errs)
+            lines.append(f"| {n_tokens} | eager bf16 rel err vs fp32 | | | | | | {errs} |")
+        del h, w, labels, gold
+        torch.cuda.empty_cache()
     return lines
 
 
@@ -313,8 +421,33 @@ def sweep() -> list[str]:
     lines = ["| launch | setting | us | GB/s |", "| --- | --- | ---: | ---: |"]
     lines += _sweep_swiglu(sw, gen) + _sweep_rms_norm(rn, gen, LLAMA_8B["hidden"])
     lines += _sweep_rms_norm(rn, gen, LLAMA_8B["head_dim"])
-    lines += _sweep_rope(rp, gen) + _sweep_lce_rows(lce, gen) + _sweep_lce_chunks(gen)
-    return lines
+    lines += _sweep_rope(rp, gen) + _sweep_lce_rows(lce, gen)
+    lines += ["", "LCE settings (the first row of each T is the default):", ""]
+    return lines + _sweep_lce(lce)
+
+
+def bench_kernels_alone(copy_gbs: float) -> list[dict]:
+    """Slide's backward kernels by themselves, as autograd launches them (no host in the way)."""
+    rn, rp = (importlib.import_module(f"kernels.{m}") for m in ("rms_norm", "rope"))
+    gen = torch.Generator(device=DEV).manual_seed(2)
+    x = torch.randn(BATCH * SEQ, LLAMA_8B["hidden"], device=DEV, generator=gen).to(DTYPE)
+    w, dy = torch.rand(x.shape[1], device=DEV, dtype=DTYPE) + 0.5, torch.randn_like(x)
+    _, rstd = rn.rms_norm_forward(x, w, 1e-5)
+    q, k, cos, sin = _rope_inputs(gen)
+    dq, dk = _rope_inputs(gen)[:2]
+    timed = {
+        "rms_norm": (lambda: rn.rms_norm_backward(dy, x, w, rstd), 3 * x.nbytes),
+        "rope": (lambda: rp.rope_apply(dq, dk, cos, sin, backward=True),
+                 2 * (q.nbytes + k.nbytes) + cos.nbytes + sin.nbytes),
+    }  # fmt: skip
+    rows = []
+    for op, (fn, nbytes) in timed.items():
+        ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
+        gbs = nbytes / ms / 1e6
+        rows.append({"op": op, "pass": "bwd", "impl": "slide, kernel alone", "us": ms * 1e3,
+                     "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs})  # fmt: skip
+        print(f"{op} bwd kernel alone: {ms * 1e3:.1f} us, {gbs:.0f} GB/s", flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbs = copy_bandwidth(2 * GIB)
     copy_small = copy_bandwidth(256 << 20)
     print(f"D2D copy: {copy_gbs:.0f} GB/s (2 GiB), {copy_small:.0f} GB/s (256 MiB)", flush=True)
-    mb_rows = bench_memory_bound(impls_by_op, copy_gbs)
+    mb_rows = bench_memory_bound(impls_by_op, copy_gbs) + bench_kernels_alone(copy_gbs)
     lce_rows = bench_lce(lce_impls, LCE_TOKENS[:1] if args.quick else LCE_TOKENS)
     props = torch.cuda.get_device_properties(0)
     liger_version = "not installed"
