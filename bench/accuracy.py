@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from simulator.run import simulate_plan
@@ -42,12 +43,19 @@ def kind_means(trace: Trace, steps: set[int]) -> dict[str, float]:
 
 
 def measured_config(trace_path: Path) -> tuple[TrainConfig, str]:
-    """The TrainConfig a trace was measured with: from the plan saved beside it
+    """The TrainConfig a trace was measured with: from the plan saved beside it, with the
+    resident and streamed counts its plan chose
     (`x.plan.json`), else (traces of 2026-11-29's first run) from the name's `_r<resident>`."""
     stem = trace_path.name.removesuffix(".trace.json")
     plan_path = trace_path.with_name(f"{stem}.plan.json")
-    if plan_path.exists():
-        return plan_from_json(plan_path.read_text()).config, stem.rpartition("_")[2]
+    if plan_path.exists():  # the counts it chose, not "auto": a new profile may choose others
+        saved = plan_from_json(plan_path.read_text())
+        chosen = replace(
+            saved.config,
+            resident=len(saved.ledger.resident),
+            streamed=len(saved.ledger.streamed),
+        )
+        return chosen, stem.rpartition("_")[2]
     info = Trace.from_json(trace_path.read_text()).info
     resident = stem.split("_r")[-1]
     value: int | str = "auto" if resident == "auto" else int(resident)

@@ -28,6 +28,7 @@ MB = 1 << 20
 class Figure:
     value: float
     note: str
+    threads: int = 0  # CPU probes: the intra-op threads they ran with
 
 
 def _cuda_median(fn: Callable[[], object], repeats: int = 10) -> float:
@@ -100,6 +101,87 @@ def hbm_rate(size_mb: int = 2048) -> Figure:
     return Figure(
         2 * src.numel() / seconds, f"device-to-device copy of {size_mb} MiB (read + write)"
     )
+
+
+def lce_rate(model: ModelSpec, tokens: int = 8192) -> Figure:
+    """Our fused linear cross-entropy, forward + backward (GEMMs included), at the model's
+    hidden size and vocabulary: logits (tokens x vocab) per second."""
+    from kernels import fused_linear_cross_entropy
+
+    h = torch.randn(tokens, model.hidden_size, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(model.vocab_size, model.hidden_size, device="cuda", dtype=torch.bfloat16)
+    h.requires_grad_()
+    w.requires_grad_()
+    labels = torch.randint(0, model.vocab_size, (tokens,), device="cuda")
+
+    def step() -> None:
+        fused_linear_cross_entropy(h * 0.02, w * 0.02, labels).backward()
+
+    seconds = _cuda_median(step, repeats=5)
+    return Figure(
+        tokens * model.vocab_size / seconds,
+        f"{model.name} fused LCE fwd+bwd, {tokens} tokens x {model.vocab_size} vocab, bf16",
+    )
+
+
+def elementwise_rate(model: ModelSpec, tokens: int = 16384) -> Figure:
+    """One decoder layer's memory-bound kernels (two RMSNorms, RoPE, SwiGLU, two residual
+    adds), forward + backward through autograd, priced the way the cost model counts them:
+    `ModelSpec.layer_elementwise_bytes` for the forward, twice that for the backward."""
+    from executor.layers import make_rope
+    from kernels import rms_norm, rope, swiglu
+
+    m, dev, bf16 = model, "cuda", torch.bfloat16
+
+    def leaf(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, dtype=bf16).requires_grad_()
+
+    x, y = leaf(tokens, m.hidden_size), leaf(tokens, m.hidden_size)
+    norm_w = torch.ones(m.hidden_size, device=dev, dtype=bf16, requires_grad=True)
+    q = leaf(1, m.num_heads, tokens, m.head_dim)
+    k = leaf(1, m.num_kv_heads, tokens, m.head_dim)
+    gate, up = leaf(tokens, m.intermediate_size), leaf(tokens, m.intermediate_size)
+    tables = make_rope(m, tokens, torch.device(dev), bf16)
+
+    def step() -> None:
+        outs = [
+            rms_norm(x, norm_w, m.rms_norm_eps),
+            rms_norm(y, norm_w, m.rms_norm_eps),
+            *rope(q, k, tables.cos, tables.sin),
+            swiglu(gate, up),
+            x + y,
+            y + x,
+        ]
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+
+    seconds = _cuda_median(step, repeats=5)
+    return Figure(
+        3 * m.layer_elementwise_bytes(1, tokens) / seconds,
+        f"{m.name} layer norms, RoPE, SwiGLU, residuals fwd+bwd, {tokens} tokens, bf16",
+    )
+
+
+def gpu_adam_rate(elements: int = 64 * MB) -> Figure:
+    """The executor's device AdamW (`executor.adam.update_device`) on one unit: BF16 grads in,
+    FP32 master and moments, BF16 weights out."""
+    from executor.adam import AdamWConfig, StepHp, update_device
+    from executor.buffers import OptState
+
+    state = OptState(
+        master=torch.rand(elements, device="cuda"),
+        m=torch.zeros(elements, device="cuda"),
+        v=torch.zeros(elements, device="cuda"),
+    )
+    grad = torch.rand(elements, device="cuda").to(torch.bfloat16)
+    weights = torch.empty(elements, device="cuda", dtype=torch.bfloat16)
+    grad32, step_t = torch.empty(elements, device="cuda"), torch.zeros((), device="cuda")
+    hp = StepHp(step=1, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
+    layout = _WholeBuffer(elements)
+    seconds = _cuda_median(
+        lambda: update_device(layout, weights, grad, state, hp, step_t, grad32),  # type: ignore[arg-type]
+        repeats=5,
+    )
+    return Figure(elements / seconds, f"executor device AdamW, {elements / 1e6:.0f}M elements")
 
 
 # -- host link ------------------------------------------------------------------------------------
@@ -212,6 +294,7 @@ def adam_rate(threads: int, elements: int = 64 * MB, *, under_dma: bool = False)
     return Figure(
         elements / seconds,
         f"executor host AdamW (bf16 grads, fused bf16 cast), {elements / 1e6:.0f}M elements, {threads} threads{load}",
+        threads,
     )
 
 

@@ -3,15 +3,22 @@
 Roofline style, one handler per `OpKind` (a test checks the table covers every kind):
 
 - GPU compute (fwd, recompute, bwd, loss): matmul FLOPs / achieved BF16 matmul rate + attention
-  FLOPs / achieved SDPA rate + elementwise bytes / HBM bandwidth. The three run as separate,
-  serial kernels, so their times add (a roofline max would assume they overlap);
-- `gpu_adam`: memory bound, bytes touched / HBM bandwidth;
+  FLOPs / achieved SDPA rate + elementwise bytes / the rate our memory-bound kernels reach
+  (`gpu.elementwise_bytes_per_s`, else HBM bandwidth). The three run as separate, serial
+  kernels, so their times add (a roofline max would assume they overlap). The fused loss is
+  priced as a whole at the measured LCE rate (`gpu.lce_logits_per_s`, logits = work.elements)
+  where the profile has one;
+- `gpu_adam`: elements / the measured device AdamW rate (`gpu.adam_elems_per_s`), else bytes
+  touched / HBM bandwidth;
 - transfers on `h2d`/`d2h`: bytes / the link's *duplex* rate (each way, both directions busy). The
   sliding schedule overlaps uploads with downloads during backward, where they matter most; using
   the duplex rate for every transfer is the simple, slightly pessimistic choice (the forward
   phase's lone uploads run a little faster on a real link);
 - `adam`: elements / the CPU's Adam rate at `work.bytes // work.elements` bytes per element
-  (28 for FP32 weights + grads + moments: the rate is memory-bandwidth bound);
+  (28 for FP32 weights + grads + moments: the rate is memory-bandwidth bound), with the DRAM
+  bandwidth the CPU keeps while the copy engines stream (`cpu.dram_under_dma_bytes_per_s`):
+  every schedule here runs its updates beside gradient downloads and weight uploads, and on
+  the H200 host that traffic cost the update a third of its rate (bench/RESULTS.md);
 - `cast`: elements / the CPU's FP32 -> BF16 cast rate;
 - `grad_accum`: bytes touched / the CPU's DRAM bandwidth (a streaming add, memory bound);
 - NVMe: bytes / the lane's drive rate (`nvme0` is drive 0, ...).
@@ -63,6 +70,9 @@ class _Rates:
     flops: float
     attention: float
     hbm: float
+    elementwise: float  # bytes/s of the memory-bound layer kernels
+    lce: float | None  # logits/s of the fused loss
+    gpu_adam: float | None  # elements/s of the device AdamW
     link: float
     adam: Callable[[int], float]  # bytes per element -> elements/s
     cast: float
@@ -90,7 +100,11 @@ class CostModel:
     def compute_seconds(self, w: Work) -> float:
         """GPU compute: matmul, attention and elementwise kernels, serial."""
         r = self.rates
-        return (w.flops - w.attn_flops) / r.flops + w.attn_flops / r.attention + w.bytes / r.hbm
+        return (
+            (w.flops - w.attn_flops) / r.flops
+            + w.attn_flops / r.attention
+            + w.bytes / r.elementwise
+        )
 
     def describe(self) -> dict[str, object]:
         """Rates as used, for a trace's `meta` (what produced these predictions)."""
@@ -99,6 +113,9 @@ class CostModel:
             "matmul_flops_per_s": r.flops,
             "attention_flops_per_s": r.attention,
             "hbm_bytes_per_s": r.hbm,
+            "elementwise_bytes_per_s": r.elementwise,
+            "lce_logits_per_s": r.lce,
+            "gpu_adam_elems_per_s": r.gpu_adam,
             "link_bytes_per_s": r.link,
             "adam_elems_per_s_fp32": r.adam(28),
             "cast_elems_per_s": r.cast,
@@ -117,7 +134,9 @@ def _resolve(machine: Any, threads: int | None, eff: Efficiency) -> _Rates:
 
     def adam(bytes_per_elem: int) -> float:
         if bytes_per_elem not in adam_cache:
-            rate = cpu.adam_elems_per_s(threads=threads, bytes_per_elem=bytes_per_elem)
+            rate = cpu.adam_elems_per_s(
+                threads=threads, bytes_per_elem=bytes_per_elem, under_dma=True
+            )
             adam_cache[bytes_per_elem] = rate * eff.adam
         return adam_cache[bytes_per_elem]
 
@@ -125,6 +144,10 @@ def _resolve(machine: Any, threads: int | None, eff: Efficiency) -> _Rates:
         flops=gpu.bf16_matmul_tflops * 1e12 * eff.matmul,
         attention=gpu.attention_tflops * 1e12 * eff.matmul,
         hbm=gpu.hbm_bytes_per_s * eff.hbm,
+        elementwise=(getattr(gpu, "elementwise_bytes_per_s", None) or gpu.hbm_bytes_per_s)
+        * eff.hbm,
+        lce=_scaled(getattr(gpu, "lce_logits_per_s", None), eff.matmul),
+        gpu_adam=_scaled(getattr(gpu, "adam_elems_per_s", None), eff.hbm),
         link=link.duplex_bytes_per_s * eff.link,
         adam=adam,
         cast=_cast_rate(cpu, threads) * eff.cast,
@@ -132,6 +155,10 @@ def _resolve(machine: Any, threads: int | None, eff: Efficiency) -> _Rates:
         nvme_read=tuple(d.read_bytes_per_s * eff.nvme for d in drives),
         nvme_write=tuple(d.write_bytes_per_s * eff.nvme for d in drives),
     )
+
+
+def _scaled(rate: float | None, efficiency: float) -> float | None:
+    return None if rate is None else rate * efficiency
 
 
 def _cast_rate(cpu: Any, threads: int | None) -> float:
@@ -143,7 +170,15 @@ def _gpu_compute(cm: CostModel, op: Op) -> float:
     return cm.compute_seconds(op.work)
 
 
+def _loss(cm: CostModel, op: Op) -> float:
+    if cm.rates.lce is not None and op.work.elements:
+        return op.work.elements / cm.rates.lce
+    return cm.compute_seconds(op.work)
+
+
 def _gpu_adam(cm: CostModel, op: Op) -> float:
+    if cm.rates.gpu_adam is not None and op.work.elements:
+        return op.work.elements / cm.rates.gpu_adam
     return op.work.bytes / cm.rates.hbm
 
 
@@ -187,7 +222,7 @@ HANDLERS: Mapping[OpKind, Handler] = {
     OpKind.FWD: _gpu_compute,
     OpKind.RECOMPUTE: _gpu_compute,
     OpKind.BWD: _gpu_compute,
-    OpKind.LOSS: _gpu_compute,
+    OpKind.LOSS: _loss,
     OpKind.H2D_PARAM: _transfer,
     OpKind.D2H_GRAD: _transfer,
     OpKind.ADAM: _adam,

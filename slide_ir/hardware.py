@@ -132,6 +132,8 @@ def _build(cls: type, table: Mapping[str, Any], where: str) -> tuple[Any, dict[s
     values: dict[str, Any] = {"name": name}
     sources: dict[str, str] = {}
     for fig in figures(cls):
+        if fig.optional and fig.key not in table:
+            continue
         values[fig.field], sources[fig.field] = _figure(table, fig, where)
     try:
         return cls(**values), sources
@@ -324,7 +326,8 @@ def _part_lines(
 ) -> list[str]:
     lines = [f"name = {_toml_str(part.name)}"]
     for fig in figures(type(part)):
-        lines += _figure_lines(fig, getattr(part, fig.field), sources.get(f"{prefix}.{fig.field}"))
+        if (value := getattr(part, fig.field)) is not None:
+            lines += _figure_lines(fig, value, sources.get(f"{prefix}.{fig.field}"))
     return lines
 
 

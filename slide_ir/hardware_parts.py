@@ -34,6 +34,7 @@ class Figure:
     scale: int  # base value = TOML value x scale (a power of ten, or 2**30)
     field: str  # dataclass field, in base units
     kind: type  # int, float, str or bool
+    optional: bool = False  # may be absent (the field defaults to None)
 
 
 # Annotations are strings here (PEP 563): a figure field must be spelled one of these ways.
@@ -49,7 +50,9 @@ def _key_scale(f: Field[Any]) -> tuple[str, int]:
 def figures(cls: type) -> tuple[Figure, ...]:
     """The sourced figures of a dataclass: every plain-typed field except `name`."""
     plain = [f for f in fields(cls) if f.type in _TYPES and f.name != "name"]
-    return tuple(Figure(*_key_scale(f), f.name, _TYPES[f.type]) for f in plain)
+    return tuple(
+        Figure(*_key_scale(f), f.name, _TYPES[f.type], optional=f.default is None) for f in plain
+    )
 
 
 _WANT = {int: "a whole number > 0", float: "a finite number > 0", str: "a non-empty string",
@@ -67,7 +70,7 @@ def _validate(obj: object) -> None:
     """Checks every figure of a part (and its name) against its type; ValueError names the field."""
     for fig in (Figure("name", 1, "name", str), *figures(type(obj))):
         value = getattr(obj, fig.field)
-        if not _valid(value, fig.kind) and not (value is None and fig.field == "price_usd"):
+        if not _valid(value, fig.kind) and not (value is None and fig.optional):
             raise ValueError(
                 f"{type(obj).__name__}.{fig.field} must be {_WANT[fig.kind]}, got {value!r}"
             )
@@ -83,6 +86,13 @@ class Gpu:
     bf16_matmul_tflops: float  # achieved bf16 matmul rate
     hbm_bytes_per_s: float = _toml("hbm_gb_per_s", G)  # device-memory bandwidth (datasheet)
     attention_tflops: float  # achieved fused-attention (SDPA / flash) rate, forward + backward
+    # Measured rates of our own kernels (None: the cost model falls back to matmul + HBM):
+    # the fused LCE's logits per second, forward + backward, GEMMs included
+    lce_logits_per_s: float | None = _toml("lce_glogits_per_s", G, default=None)
+    # bytes/s the layers' memory-bound kernels reach (RMSNorm, RoPE, SwiGLU, residual adds)
+    elementwise_bytes_per_s: float | None = _toml("elementwise_gb_per_s", G, default=None)
+    # the executor's fused AdamW on the device (BF16 grads and weights, FP32 master + moments)
+    adam_elems_per_s: float | None = _toml("adam_gelems_per_s", G, default=None)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -116,32 +126,45 @@ class Cpu:
     cores: int
     adam_elems_per_s_per_core: float  # fused fp32 AdamW step, one thread
     cast_elems_per_s_per_core: float  # fp32 -> bf16 cast, one thread
-    dram_bytes_per_s: float = _toml("dram_gb_per_s", G)  # sustained; shared with PCIe DMA
+    dram_bytes_per_s: float = _toml("dram_gb_per_s", G)  # sustained, the CPU alone
+    # what the CPU still gets while both copy engines stream to and from host RAM (None: as
+    # above): the copy engines take their share of the DRAM bandwidth during a sliding backward
+    dram_under_dma_bytes_per_s: float | None = _toml("dram_under_dma_gb_per_s", G, default=None)
     simd: str
 
     def __post_init__(self) -> None:
         _validate(self)
 
-    def adam_elems_per_s(self, *, threads: int | None = None, bytes_per_elem: int = 28) -> float:
-        """AdamW elements/s: min(threads x per-core rate, DRAM / bytes touched per element).
+    def adam_elems_per_s(
+        self, *, threads: int | None = None, bytes_per_elem: int = 28, under_dma: bool = False
+    ) -> float:
+        """AdamW elements/s: min(threads x per-core rate, DRAM / bytes touched per element),
+        with the DRAM bandwidth left beside the copy engines' traffic when `under_dma`.
 
         An fp32 step reads param, grad, m, v (16 B) and writes param, m, v (12 B): 28 B. Callers
         with bf16 grads or a fused bf16 weight write pass their own byte count.
         """
-        return self._rate(self.adam_elems_per_s_per_core, threads, bytes_per_elem)
+        dram = self.dram_bytes_per_s
+        if under_dma and self.dram_under_dma_bytes_per_s is not None:
+            dram = self.dram_under_dma_bytes_per_s
+        return self._rate(self.adam_elems_per_s_per_core, threads, bytes_per_elem, dram)
 
     def cast_elems_per_s(self, *, threads: int | None = None, bytes_per_elem: int = 6) -> float:
         """fp32 -> bf16 cast elements/s, same form as Adam (read 4 B, write 2 B by default)."""
-        return self._rate(self.cast_elems_per_s_per_core, threads, bytes_per_elem)
+        return self._rate(
+            self.cast_elems_per_s_per_core, threads, bytes_per_elem, self.dram_bytes_per_s
+        )
 
-    def _rate(self, per_core: float, threads: int | None, bytes_per_elem: int) -> float:
+    def _rate(
+        self, per_core: float, threads: int | None, bytes_per_elem: int, dram: float
+    ) -> float:
         # Threads beyond `cores` add nothing: SMT siblings share the core's memory pipeline.
         n = self.cores if threads is None else threads
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
         if not bytes_per_elem > 0:
             raise ValueError(f"bytes_per_elem must be > 0, got {bytes_per_elem!r}")
-        return min(min(n, self.cores) * per_core, self.dram_bytes_per_s / bytes_per_elem)
+        return min(min(n, self.cores) * per_core, dram / bytes_per_elem)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -113,6 +113,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         work=Work(
             flops=m.head_fwd_flops(*bs) + m.head_bwd_flops(*bs),
             bytes=m.head_elementwise_bytes(*bs),
+            elements=c.batch * c.seq * m.vocab_size,  # logits
         ),
         deps=[ctx.weights_ready.get(n + 1)],
         scratch=["gpu_workspace"],

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from executor import calibrate as cal
+    from executor.train import default_optimizer_threads
 
     if not torch.cuda.is_available():
         raise UserError("calibrate needs a CUDA GPU; none is visible here")
@@ -49,13 +50,14 @@ def run(args: argparse.Namespace) -> int:
     device = torch.cuda.get_device_name()
     stamp = f"measured: {device}, {datetime.date.today().isoformat()}, slide calibrate"
     cores = len(os.sched_getaffinity(0))
-    threads = max(
-        1, cores - 2
-    )  # the executor's optimizer threads on a CUDA host (see executor.runtime)
+    threads = default_optimizer_threads()  # the executor's optimizer threads on a CUDA host
     probes = {
         "matmul": lambda: cal.matmul_rate(model),
         "attention": lambda: cal.attention_rate(model),
         "hbm": cal.hbm_rate,
+        "lce": lambda: cal.lce_rate(model),
+        "elementwise": lambda: cal.elementwise_rate(model),
+        "gpu_adam": cal.gpu_adam_rate,
         "link": cal.link_rates,
         "adam_all": lambda: cal.adam_rate(threads),
         "adam_half": lambda: cal.adam_rate(max(1, threads // 2)),
@@ -87,10 +89,13 @@ def _machine(name: str, device: str, cores: int, got: dict, stamp: str) -> Machi
         bf16_matmul_tflops=got["matmul"].value / 1e12,
         hbm_bytes_per_s=got["hbm"].value,
         attention_tflops=got["attention"].value / 1e12,
+        lce_logits_per_s=got["lce"].value,
+        elementwise_bytes_per_s=got["elementwise"].value,
+        adam_elems_per_s=got["gpu_adam"].value,
     )
     link = got["link"]
-    half = max(1, max(1, cores - 2) // 2)
-    adam_all, adam_half = got["adam_all"], got["adam_half"]
+    adam_all, adam_half, loaded = got["adam_all"], got["adam_half"], got["adam_under_dma"]
+    half = adam_half.threads
     # A per-core rate from the half-core run and a DRAM bound from the all-core run (28 B/elem):
     # rate(threads) = min(threads * per_core, dram / 28) reproduces both measurements.
     cpu = Cpu(
@@ -99,6 +104,7 @@ def _machine(name: str, device: str, cores: int, got: dict, stamp: str) -> Machi
         adam_elems_per_s_per_core=adam_half.value / half,
         cast_elems_per_s_per_core=got["cast"].value / cores,
         dram_bytes_per_s=max(adam_all.value, adam_half.value) * 28,
+        dram_under_dma_bytes_per_s=loaded.value * 28,
         simd="measured host",
     )
     drives = ()
@@ -117,6 +123,9 @@ def _machine(name: str, device: str, cores: int, got: dict, stamp: str) -> Machi
         "gpu.bf16_matmul_tflops": got["matmul"].note,
         "gpu.hbm_bytes_per_s": got["hbm"].note,
         "gpu.attention_tflops": got["attention"].note,
+        "gpu.lce_logits_per_s": got["lce"].note,
+        "gpu.elementwise_bytes_per_s": got["elementwise"].note,
+        "gpu.adam_elems_per_s": got["gpu_adam"].note,
         "link.h2d_bytes_per_s": link["h2d"].note,
         "link.d2h_bytes_per_s": link["d2h"].note,
         "link.duplex_bytes_per_s": link["duplex"].note,
@@ -126,6 +135,7 @@ def _machine(name: str, device: str, cores: int, got: dict, stamp: str) -> Machi
         "cpu.simd": "not probed",
         "cpu.adam_elems_per_s_per_core": adam_half.note + f" / {half}",
         "cpu.dram_bytes_per_s": adam_all.note + " x 28 B/element",
+        "cpu.dram_under_dma_bytes_per_s": loaded.note + " x 28 B/element",
         "cpu.cast_elems_per_s_per_core": got["cast"].note + f" / {cores}",
         "ram_bytes": "os.sysconf physical pages",
     }

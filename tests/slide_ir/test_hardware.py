@@ -63,7 +63,11 @@ def figure_keys(machine: Machine) -> set[str]:
     parts = [("gpu", machine.gpu), ("link", machine.link), ("cpu", machine.cpu)]
     parts += [(f"nvme[{i}]", d) for i, d in enumerate(machine.nvme)]
     for prefix, part in parts:
-        keys |= {f"{prefix}.{f.name}" for f in dataclasses.fields(part) if f.name != "name"}
+        keys |= {
+            f"{prefix}.{f.name}"
+            for f in dataclasses.fields(part)
+            if f.name != "name" and getattr(part, f.name) is not None  # optional figures
+        }
     return keys
 
 
