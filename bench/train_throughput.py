@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -150,7 +151,7 @@ def slide_point(
     m = trace_metrics(result.trace, p.graph)
     if traces is not None:
         traces.mkdir(parents=True, exist_ok=True)
-        name = f"{spec.name}_b{batch}_{variant.replace('=', '-')}"
+        name = f"{spec.name}_b{batch}_{re.sub('[^A-Za-z0-9]+', '-', variant)}"
         (traces / f"{name}.trace.json").write_text(result.trace.to_json())
         (traces / f"{name}.plan.json").write_text(plan_to_json(p))
     return row | {
