@@ -261,7 +261,7 @@ def _sweep_rms_norm(rn, gen, n: int) -> list[str]:
          "BWD_PER_SM": rn.BWD_PER_SM}
     ] + [
         {"BWD_TILE": t, "BWD_ELEMS_PER_THREAD": e, "BWD_PER_SM": p}
-        for t in (4096, 8192, 16384) for e in (8, 16) for p in (1, 2, 4)
+        for t in (8192, 16384, 32768) for e in (8, 16) for p in (1, 2, 4)
     ]  # fmt: skip
     bwd = _sweep_rows(f"rms_norm N={n}", rn, bwd_settings,
                       {"bwd": (lambda: rn.rms_norm_backward(dy, x, w, rstd), 3 * x.nbytes)})  # fmt: skip
