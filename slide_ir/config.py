@@ -39,7 +39,7 @@ class TrainConfig:
     # link (up before the unit's backward, down after): a count, or "auto". See `streamed_units`.
     streamed: int | str = 0
     lce_chunk_tokens: int | None = None  # None: chosen from `lce_budget_bytes`
-    lce_budget_bytes: int = 1 << 30
+    lce_budget_bytes: int = 1 << 29  # a chunk's bf16 logits: 2048 tokens at vocab 128256
     cpu_threads: int | None = None  # optimizer threads; None: every core
     gpu_margin: float = 0.05  # share of GPU memory `resident="auto"` leaves free
     clip: str = "none"

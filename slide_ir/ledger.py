@@ -200,7 +200,12 @@ def _common_gpu_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> N
     # the `gpu` lane, one at a time, so they never coexist.
     layer = model.layer_transient_bytes(b, s)
     chunk = lce_chunk_tokens(model, config)
-    lce = model.logits_bytes(b, s, fused=True, chunk_tokens=chunk) + model.vocab_size * h * FP32
+    # the chunk's logits, plus the loss's returned gradients (LM head bf16, hidden states) before
+    # autograd adds them into their buffers
+    lce = (
+        model.logits_bytes(b, s, fused=True, chunk_tokens=chunk)
+        + (model.vocab_size + b * s) * h * BF16
+    )
     terms.add(
         "gpu_workspace",
         Tier.GPU,
@@ -208,7 +213,7 @@ def _common_gpu_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> N
         max(layer, lce),
         "compute workspace (layer or fused LCE)",
         f"max(one layer's recompute+backward at b{b} s{s} = {layer / 1e9:.2f} GB, "
-        f"{chunk}-token fp32 logits+grad chunk + fp32 LM-head grad = {lce / 1e9:.2f} GB)",
+        f"{chunk}-token bf16 logits chunk + bf16 LM-head and hidden grads = {lce / 1e9:.2f} GB)",
     )
 
 

@@ -275,25 +275,26 @@ class ModelSpec:
         """Peak bytes of the LM head + cross-entropy stage.
 
         Unfused: bf16 logits + their fp32 upcast for a stable softmax + fp32 grad of the logits:
-        tokens*vocab*(2+4+4). Fused chunked linear-cross-entropy: one chunk's fp32 logits and its
-        gradient at a time: chunk*vocab*(4+4), chunk capped at the batch's token count.
+        tokens*vocab*(2+4+4). Fused chunked linear-cross-entropy (`kernels.lce`): one chunk's
+        bf16 logits at a time, their gradient written over them: chunk*vocab*2, chunk capped at
+        the batch's token count.
         """
         tokens = batch * seq
         if not fused:
             return tokens * self.vocab_size * (_BF16 + _FP32 + _FP32)
         if chunk_tokens is None or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be an integer >= 1 when fused; got {chunk_tokens}")
-        return min(chunk_tokens, tokens) * self.vocab_size * (_FP32 + _FP32)
+        return min(chunk_tokens, tokens) * self.vocab_size * _BF16
 
     def default_lce_chunk_tokens(self, budget_bytes: int) -> int:
-        """Largest power-of-two chunk whose fp32 logits + fp32 grad fit `budget_bytes` (>= 1).
+        """Largest power-of-two chunk whose bf16 logits fit `budget_bytes` (>= 1).
 
-        A chunk of c tokens needs c*vocab*(4+4) bytes; e.g. vocab 128256 and 1 GiB:
-        2^30 / (128256*8) = 1046.5 -> 1024 tokens. Powers of two keep kernel tiles full.
+        A chunk of c tokens needs c*vocab*2 bytes; e.g. vocab 128256 and 512 MiB:
+        2^29 / (128256*2) = 2093.1 -> 2048 tokens. Powers of two keep kernel tiles full.
         """
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0; got {budget_bytes}")
-        fit = budget_bytes // (self.vocab_size * (_FP32 + _FP32))
+        fit = budget_bytes // (self.vocab_size * _BF16)
         return 1 << (fit.bit_length() - 1) if fit >= 1 else 1
 
 

@@ -207,17 +207,17 @@ def test_logits_bytes():
     spec = load_model("llama-3.1-8b")
     v = 128256
     assert spec.logits_bytes(2, 1024, fused=False) == 2048 * v * 10
-    assert spec.logits_bytes(2, 1024, fused=True, chunk_tokens=256) == 256 * v * 8
-    assert spec.logits_bytes(1, 16, fused=True, chunk_tokens=256) == 16 * v * 8
+    assert spec.logits_bytes(2, 1024, fused=True, chunk_tokens=256) == 256 * v * 2
+    assert spec.logits_bytes(1, 16, fused=True, chunk_tokens=256) == 16 * v * 2
     with pytest.raises(ValueError, match="chunk_tokens"):
         spec.logits_bytes(2, 1024, fused=True)
 
 
 def test_default_lce_chunk_tokens():
     spec = load_model("llama-3.1-8b")
-    assert spec.default_lce_chunk_tokens(2**30) == 1024  # 2^30 / (128256*8) = 1046.5
-    assert spec.default_lce_chunk_tokens(1024 * 128256 * 8) == 1024  # exact fit
-    assert spec.default_lce_chunk_tokens(1024 * 128256 * 8 - 1) == 512
+    assert spec.default_lce_chunk_tokens(2**29) == 2048  # 2^29 / (128256*2) = 2093.1
+    assert spec.default_lce_chunk_tokens(2048 * 128256 * 2) == 2048  # exact fit
+    assert spec.default_lce_chunk_tokens(2048 * 128256 * 2 - 1) == 1024
     assert spec.default_lce_chunk_tokens(0) == 1
 
 
