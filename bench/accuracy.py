@@ -13,6 +13,7 @@ re-planned with the profile and simulated; the script prints markdown tables:
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections import defaultdict
 from dataclasses import replace
@@ -20,9 +21,10 @@ from pathlib import Path
 
 from simulator.run import simulate_plan
 from slide_ir.config import TrainConfig
+from slide_ir.graph import Graph, OpKind, load_versioned
 from slide_ir.hardware import load_machine
 from slide_ir.ledger import CUDA_CONTEXT_BYTES
-from slide_ir.planner import plan_from_json
+from slide_ir.planner import PLAN_VERSION
 from slide_ir.trace import Trace, trace_metrics
 
 
@@ -48,19 +50,25 @@ def measured_config(trace_path: Path) -> tuple[TrainConfig, str]:
     (`x.plan.json`), else (traces of 2026-11-29's first run) from the name's `_r<resident>`."""
     stem = trace_path.name.removesuffix(".trace.json")
     plan_path = trace_path.with_name(f"{stem}.plan.json")
-    if plan_path.exists():  # the counts it chose, not "auto": a new profile may choose others
-        saved = plan_from_json(plan_path.read_text())
-        chosen = replace(
-            saved.config,
-            resident=len(saved.ledger.resident),
-            streamed=len(saved.ledger.streamed),
-        )
-        return chosen, stem.rpartition("_")[2]
+    if plan_path.exists():
+        return saved_config(plan_path.read_text()), stem.split("_", 2)[2]
     info = Trace.from_json(trace_path.read_text()).info
     resident = stem.split("_r")[-1]
     value: int | str = "auto" if resident == "auto" else int(resident)
     config = TrainConfig(batch=info.batch, seq=info.seq, steps=info.steps, resident=value)
     return config, f"r{resident}"
+
+
+def saved_config(plan_json: str) -> TrainConfig:
+    """A saved plan's TrainConfig with the resident and streamed counts its graph holds (not
+    "auto": a new profile may choose others). Read without re-planning, so plans saved by an
+    older planner still load."""
+    data = load_versioned(plan_json, PLAN_VERSION, "plan")
+    graph = Graph.from_json(json.dumps(data["graph"]))
+    streamed = {op.layer for op in graph.ops if op.kind == OpKind.OPT_H2D}
+    updated_on_gpu = {op.layer for op in graph.ops if op.kind == OpKind.GPU_ADAM}
+    resident = len(updated_on_gpu - streamed) if graph.info.schedule == "sliding" else 0
+    return replace(TrainConfig(**data["config"]), resident=resident, streamed=len(streamed))
 
 
 def err(pred: float, meas: float) -> str:

@@ -36,6 +36,7 @@ def plan_summary(p: Plan) -> dict[str, Any]:
         "overflows": {tier: over for tier, over in led.overflows()},
         "suggestions": suggest_fixes(p.model, p.machine, p.config, led) if not led.feasible else [],
         "resident_units": list(led.resident),
+        "streamed_units": list(led.streamed),
         "baselines": baselines(p),
         "graph": {
             "ops": len(p.graph.ops),
@@ -50,7 +51,8 @@ def baselines(p: Plan) -> dict[str, dict[str, int]]:
     out = {}
     for schedule in ("gpu-only", "zero-offload"):
         if schedule != p.config.schedule:
-            led = build_ledger(p.model, p.machine, replace(p.config, schedule=schedule, resident=0))
+            config = replace(p.config, schedule=schedule, resident=0, streamed=0)
+            led = build_ledger(p.model, p.machine, config)
             out[schedule] = {tier: led.peak_bytes(tier) for tier in ("gpu", "cpu")}
     return out
 
@@ -62,7 +64,8 @@ def render_plan(p: Plan) -> str:
         f"schedule {c.schedule}: batch {c.batch} x seq {c.seq} x accum {c.grad_accum} "
         f"= {c.tokens_per_step:,} tokens/step; activations on {c.activations}, "
         f"optimizer on {c.optimizer}"
-        + (f", resident units {len(led.resident)}" if led.resident else ""),
+        + (f", resident units {len(led.resident)}" if led.resident else "")
+        + (f", streamed updates {len(led.streamed)}" if led.streamed else ""),
         "",
     ]
     for tier in REPORT_TIERS:

@@ -37,7 +37,7 @@ class TrainConfig:
     resident: int | str = 0  # layers kept whole on the GPU: a count, or "auto"
     # sliding units whose AdamW runs on the GPU, their FP32 master and moments streamed over the
     # link (up before the unit's backward, down after): a count, or "auto". See `streamed_units`.
-    streamed: int | str = 0
+    streamed: int | str = "auto"
     lce_chunk_tokens: int | None = None  # None: chosen from `lce_budget_bytes`
     lce_budget_bytes: int = 1 << 29  # a chunk's bf16 logits: 2048 tokens at vocab 128256
     cpu_threads: int | None = None  # optimizer threads; None: every core

@@ -96,7 +96,8 @@ def estimate_step_s(
         return max(t_fwd + n * bwd + loss, t_cpu + t_fwd, t_link)
     layers = [u for u in sliding if 1 <= u <= n]
     t_bwd = sum(max(bwd, up[u] / link, down[u] / link) if u in streamed else bwd for u in layers)
-    tail = 2 * BF16 * params[0] / link  # the embedding's new weights: down, then up again
+    # a streamed embedding's new weights: down, then up again, before the next forward
+    tail = 2 * BF16 * params[0] / link if 0 in streamed else 0.0
     streamed_layers = sum(1 for u in streamed if 1 <= u <= n)
     gpu_chain = t_fwd + loss + t_bwd + tail
     cpu_chain = t_fwd * (1 - streamed_layers / n) + loss + t_cpu

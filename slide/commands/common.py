@@ -67,9 +67,10 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
     )
     parser.add_argument(
         "--streamed",
-        default="0",
+        default="auto",
         help="sliding units updated on the GPU, their FP32 state streamed over the link: a "
-        "count or 'auto' (relieves a CPU-bound optimizer) [0]",
+        "count or 'auto' (as many as shorten the estimated step; relieves a CPU-bound "
+        "optimizer) [auto]",
     )
     parser.add_argument("--cpu-threads", type=int, help="optimizer threads [all cores]")
     parser.add_argument("--clip", choices=CLIP_MODES, default="none",

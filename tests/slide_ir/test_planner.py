@@ -26,7 +26,7 @@ def pc():
 
 
 def test_sliding_cpu_ram_holds_master_and_moments(llama8b, pc):
-    p = plan(llama8b, pc, TrainConfig(batch=16, seq=1024))
+    p = plan(llama8b, pc, TrainConfig(batch=16, seq=1024, streamed=0))
     n_all = llama8b.total_params
     breakdown = p.ledger.breakdown("cpu")
     assert breakdown["fp32 master weights"] == 4 * n_all
@@ -53,7 +53,7 @@ def test_gpu_units_scale_with_cache_units(llama8b, pc):
 
 def test_sliding_graph_shape(llama8b, pc):
     n = llama8b.num_layers
-    g = plan(llama8b, pc, TrainConfig(batch=2, seq=256, steps=2)).graph
+    g = plan(llama8b, pc, TrainConfig(batch=2, seq=256, steps=2, streamed=0)).graph
     kinds = [op.kind for op in g.ops]
     assert kinds.count(OpKind.ADAM) == 2 * (n + 2)  # every unit, every step
     assert kinds.count(OpKind.D2H_GRAD) == 2 * (n + 2)
@@ -191,8 +191,10 @@ def test_zero_state_sizes_are_parameters():
 
 def test_per_unit_clipping_reads_the_gradient_once_more(llama8b, pc):
     """The norm pass re-reads the BF16 gradient: 2 B/param more for every update."""
-    plain = plan(llama8b, pc, TrainConfig(batch=1, seq=64, steps=1)).graph.op("s1.L3.adam")
-    clipped = plan(llama8b, pc, TrainConfig(batch=1, seq=64, steps=1, clip="per-unit"))
+    plain = plan(llama8b, pc, TrainConfig(batch=1, seq=64, steps=1, streamed=0)).graph.op(
+        "s1.L3.adam"
+    )
+    clipped = plan(llama8b, pc, TrainConfig(batch=1, seq=64, steps=1, clip="per-unit", streamed=0))
     op = clipped.graph.op("s1.L3.adam")
     assert op.work.bytes - plain.work.bytes == 2 * llama8b.layer_params
     with pytest.raises(ValueError, match="clip must be one of none, per-unit"):
