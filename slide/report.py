@@ -72,7 +72,10 @@ def render_plan(p: Plan) -> str:
         peak, cap = led.peak_bytes(tier), led.capacity_bytes(tier)
         if not peak and not cap:
             continue
-        pinned = f" (pinned {led.pinned_bytes() / GB:.1f} GB)" if tier == "cpu" else ""
+        pinned = ""
+        if tier == "cpu":
+            ram = p.machine.ram_bytes / GB
+            pinned = f" (pinned {led.pinned_bytes() / GB:.1f} GB; usable = {ram:.1f} GB RAM less {c.host_margin:.0%})"
         mark = "ok" if peak <= cap else f"OVER by {(peak - cap) / GB:.1f} GB"
         lines.append(f"{tier.upper():5s} {peak / GB:8.1f} GB of {cap / GB:.1f} GB{pinned}  {mark}")
         for label, size in led.breakdown(tier).items():

@@ -42,6 +42,9 @@ class TrainConfig:
     lce_budget_bytes: int = 1 << 29  # a chunk's bf16 logits: 2048 tokens at vocab 128256
     cpu_threads: int | None = None  # optimizer threads; None: every core
     gpu_margin: float = 0.05  # share of GPU memory `resident="auto"` leaves free
+    # share of host RAM left to the OS and page cache: the ledger's CPU capacity is the rest (an
+    # 8B plan at 99% of the H200 host's 125 GiB was killed by the kernel's OOM killer)
+    host_margin: float = 0.05
     clip: str = "none"
     clip_norm: float = 1.0
 
@@ -79,8 +82,9 @@ class TrainConfig:
         _choice("clip", self.clip, CLIP_MODES)
         if not self.clip_norm > 0:
             raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
-        if not 0.0 <= self.gpu_margin < 1.0:
-            raise ValueError(f"gpu_margin must be in [0, 1), got {self.gpu_margin}")
+        for name in ("gpu_margin", "host_margin"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -168,7 +168,7 @@ def build_ledger(
         schedule=config.schedule,
         terms=tuple(terms.items),
         gpu_capacity=machine.gpu.memory_bytes,
-        cpu_capacity=machine.ram_bytes,
+        cpu_capacity=int(machine.ram_bytes * (1.0 - config.host_margin)),
         nvme_capacity=sum(d.capacity_bytes for d in machine.nvme),
         resident=tuple(sorted(resident)),
         streamed=tuple(sorted(streamed)),

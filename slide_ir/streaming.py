@@ -9,7 +9,8 @@ decoder layers 1, 2, ...): their updates come last in the backward, where nothin
 update, and they are the first the next step's forward needs.
 
 `auto` picks the count with the shortest estimated step (`estimate_step_s`; the smallest count
-on ties) among those whose GPU ledger fits.
+on ties) among those whose ledger fits, and streams nothing unless that beats no streaming by
+MIN_GAIN: the estimate is rough, and streaming costs GPU memory and pinned RAM.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from slide_ir.ledger import (
 )
 from slide_ir.model import ModelSpec
 from slide_ir.schedules import layer_work
+
+MIN_GAIN = 0.03
 
 
 def choose_streamed(
@@ -51,7 +54,8 @@ def choose_streamed(
         return ()
     cost = CostModel(machine, cpu_threads=config.cpu_threads)
     budget = (1.0 - config.gpu_margin) * machine.gpu.memory_bytes
-    best, best_s = 0, estimate_step_s(model, config, cost, candidates, ())
+    none_s = estimate_step_s(model, config, cost, candidates, ())
+    best, best_s = 0, none_s
     for count in range(1, len(candidates) + 1):
         chosen = tuple(candidates[:count])
         ledger = build_ledger(model, machine, config, resident, chosen)
@@ -62,6 +66,8 @@ def choose_streamed(
         seconds = estimate_step_s(model, config, cost, candidates, chosen)
         if seconds < best_s * (1 - 1e-3):
             best, best_s = count, seconds
+    if best_s > none_s * (1 - MIN_GAIN):
+        return ()
     return tuple(candidates[:best])
 
 

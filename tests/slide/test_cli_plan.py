@@ -37,9 +37,9 @@ def test_plan_json_has_the_documented_keys(capsys):
     assert doc["memory"]["cpu"]["peak_bytes"] >= 12 * doc["model"]["params"]
     assert 0 < doc["memory"]["cpu"]["pinned_bytes"] < doc["memory"]["cpu"]["peak_bytes"]
     assert doc["feasible"] is True
-    # auto streams the embedding and layer 1 here: the CPU updates the other 32 units per step
-    assert doc["streamed_units"] == [0, 1]
-    assert doc["graph"]["ops_per_lane"]["cpu"] == 3 * 32
+    # streaming would gain under 3% here (estimate): auto leaves every update on the CPU
+    assert doc["streamed_units"] == []
+    assert doc["graph"]["ops_per_lane"]["cpu"] == 3 * 34
 
 
 def test_plan_human_output_is_fast_and_names_terms(capsys):

@@ -86,3 +86,12 @@ def test_streamed_count_is_bounded_by_the_sliding_units(h200):
         plan(model, h200, TrainConfig(batch=1, seq=64, resident=2, streamed=17))
     assert parse_count_or_auto("streamed", "auto") == "auto"
     assert parse_count_or_auto("streamed", "3") == 3
+
+
+def test_auto_does_not_stream_for_a_small_estimated_gain():
+    """On the 4090 PC the estimate gains under MIN_GAIN for 8B at batch 16: nothing streams,
+    although a forced count is a valid, feasible plan."""
+    model, pc = load_model("llama-3.1-8b"), load_machine("paper-pc-4090")
+    config = TrainConfig(batch=16, seq=1024, streamed="auto")
+    assert choose_streamed(model, pc, config, ()) == ()
+    assert plan(model, pc, TrainConfig(batch=16, seq=1024, streamed=2)).feasible
