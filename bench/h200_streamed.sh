@@ -5,10 +5,7 @@
 #   bash bench/h200_streamed.sh "$OUT"      (carry .whl: simpy)
 set -uo pipefail
 out=${1:?output directory}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/simpy-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-t0=$(date +%s)
-stamp() { echo "== $1: $(( $(date +%s) - t0 )) s"; }
+source bench/h200_env.sh
 python3 -m pytest tests/executor/test_gpu.py -q -x -s 2>&1 | grep -E "passed|failed|Error|error|loss err|cudaMalloc" | tail -8
 stamp tests
 python3 -c "from slide.cli import main; raise SystemExit(main(['calibrate', '--name', 'h200-16c-128g', '--out', '$out/h200-calibrated.toml']))" 2>&1 | tail -2

@@ -4,10 +4,7 @@
 # plans tarred for bench/accuracy.py.   bash bench/h200_streamed_8b.sh "$OUT"   (carry .whl)
 set -uo pipefail
 out=${1:?output directory}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/simpy-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-t0=$(date +%s)
-stamp() { echo "== $1: $(( $(date +%s) - t0 )) s"; }
+source bench/h200_env.sh
 run() { python3 -m bench.train_throughput --machine bench/data/h200-calibrated.toml --traces "$out/traces" --out "$out/throughput.jsonl" "$@" 2>&1 | grep -v "^INFO" | cut -c1-330 ; }
 run --model llama-3.2-3b --batch 32 --variants streamed=auto
 stamp 3b-b32
