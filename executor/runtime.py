@@ -158,7 +158,9 @@ class LaneWorker(threading.Thread):
             start_ev = torch.cuda.Event(enable_timing=True)
             start_ev.record(stream)
             handler(env, self.state, op, bind)
-            end_ev = torch.cuda.Event(enable_timing=True)
+            # blocking: a host waiting on it (the cpu lane on a gradient download, the main
+            # thread at the step's end) sleeps instead of spinning on a core AdamW could use
+            end_ev = torch.cuda.Event(enable_timing=True, blocking=True)
             end_ev.record(stream)
         done.mark_recorded(end_ev)
         s.recorder.put(op, start_ev, end_ev)

@@ -15,6 +15,8 @@
 # The simulator's timeline of a plan, next to the executor's measured timeline of the same plan
 # on the H200 machine (a trace recorded there and committed under `notebooks/data/`). Rows are
 # lanes (GPU compute, host-to-device, device-to-host, CPU optimizer); below, memory per tier.
+# The committed run streams the updates of the embedding and layers 1-7 through the GPU (their
+# FP32 state goes up and down the link) while the CPU updates the rest.
 
 # %%
 import json
@@ -35,11 +37,17 @@ print("measured trace:", measured_file)
 if measured_file is not None:
     measured = Trace.from_json(measured_file.read_text())
     info = measured.info
-    machine = json.loads(
+    meta = json.loads(
         measured_file.with_name(measured_file.name.replace(".trace.json", ".meta.json")).read_text()
-    )["machine"]
+    )
+    print(meta["source"])
     predicted_result = simulate(
-        info.model, machine, batch=info.batch, seq=info.seq, steps=info.steps
+        info.model,
+        meta["machine"],
+        batch=info.batch,
+        seq=info.seq,
+        steps=info.steps,
+        **meta.get("config", {}),
     )
 else:  # no committed trace: show the prediction alone
     predicted_result = simulate("llama-3.2-3b", "h200-16c-128g", batch=16, seq=1024, steps=3)
