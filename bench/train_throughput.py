@@ -15,7 +15,6 @@ measured Trace of each point (for bench/accuracy.py).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import re
@@ -134,9 +133,6 @@ def slide_point(
     }
     if not p.feasible:
         return row | {"skipped": f"does not fit: {p.ledger.overflows()}"}
-    # the previous point's buffers (tens of GB of host RAM) may sit in reference cycles until
-    # the cyclic collector runs: free them before this point allocates its own
-    gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
