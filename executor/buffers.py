@@ -241,8 +241,8 @@ class _Allocator:
         s = self.s
         numel = self.group_numel(pool.name.rpartition("_")[2])
         for key in pool.slot_ids():
-            nbytes = numel * (8 + 2 * s.moments_dtype.itemsize)
-            self.put(pool, key, _dev_opt_state(s, numel), nbytes - 4 * numel)
+            state_bytes = numel * (4 + 2 * s.moments_dtype.itemsize)
+            self.put(pool, key, _dev_opt_state(s, numel), state_bytes)
             self.put(pool, f"{key}.grad", _dev(s, numel, torch.float32), 4 * numel)
 
     def resident(self, pool: Pool, units: list[int]) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from executor import adam, compute
 from executor.binding import Bind
+from executor.buffers import OptState
 from executor.env import Env, LaneState
 from slide_ir.graph import Op, OpKind, slot_pool
 
@@ -32,15 +33,16 @@ def w_d2h(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
 
 def opt_h2d(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     """A streamed unit's FP32 master and moments from pinned RAM into its GPU slot."""
-    host, dev = env.host_state(op.layer), env.stream_state(b.dst, op.layer)
-    for d, h in zip((dev.master, dev.m, dev.v), (host.master, host.m, host.v), strict=True):
-        d.copy_(h, non_blocking=True)
+    _copy_state(env.stream_state(b.dst, op.layer), env.host_state(op.layer))
 
 
 def opt_d2h(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    host, dev = env.host_state(op.layer), env.stream_state(b.src, op.layer)
-    for d, h in zip((dev.master, dev.m, dev.v), (host.master, host.m, host.v), strict=True):
-        h.copy_(d, non_blocking=True)
+    _copy_state(env.host_state(op.layer), env.stream_state(b.src, op.layer))
+
+
+def _copy_state(dst: OptState, src: OptState) -> None:
+    for d, s in zip((dst.master, dst.m, dst.v), (src.master, src.m, src.v), strict=True):
+        d.copy_(s, non_blocking=True)
 
 
 def copy_activation(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
