@@ -30,7 +30,6 @@ CUDA_CONTEXT_BYTES = 3 * GIB // 4
 HOST_RUNTIME_BYTES = 2 * GIB
 BF16 = 2
 FP32 = 4
-STREAM_SLOTS = 2  # GPU staging ring of streamed decoder layers: one updating, one loading
 REPORT_TIERS = ("gpu", "cpu", "nvme")
 
 
@@ -421,12 +420,12 @@ def _streamed_staging_terms(
     terms: _Terms, model: ModelSpec, config: TrainConfig, streamed: tuple[int, ...]
 ) -> None:
     """The GPU side of streamed updates: per slot one unit's FP32 master, moments and FP32
-    gradient (the update's upcast). Decoder layers rotate through a ring of STREAM_SLOTS; the
-    embedding and the head have a slot each."""
+    gradient (the update's upcast), one slot per streamed unit: the schedule moves the state
+    when the link is free, so most of the step's states are on the GPU at once."""
     per = 2 * FP32 + config.moment_bytes
     for group, members in _unit_groups(model, list(streamed)):
         q = unit_params(model, members[0])
-        k = min(STREAM_SLOTS, len(members)) if group == "layers" else 1
+        k = len(members)
         terms.add(
             f"gpu_opt_{group}",
             Tier.GPU,

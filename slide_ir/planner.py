@@ -19,7 +19,7 @@ from slide_ir.ledger import Ledger, build_ledger, resident_preference
 from slide_ir.model import ModelSpec
 from slide_ir.schedules import Ctx
 from slide_ir.sliding import emit_sliding
-from slide_ir.streaming import choose_streamed
+from slide_ir.streaming import choose_streamed, state_pace
 
 PLAN_VERSION = 1
 EMITTERS = {"sliding": emit_sliding, "zero-offload": emit_zero_offload, "gpu-only": emit_gpu_only}
@@ -49,6 +49,7 @@ def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
         drives=len(machine.nvme),
         resident=frozenset(ledger.resident) if config.schedule == "sliding" else frozenset(),
         streamed=frozenset(ledger.streamed),
+        pace=state_pace(model, machine, config),
     )
     EMITTERS[config.schedule](ctx)
     info = GraphInfo(

@@ -21,6 +21,14 @@ from slide_ir.model import ModelSpec
 K = OpKind
 
 
+@dataclass(frozen=True, slots=True)
+class StatePace:
+    """Cost estimates the sliding schedule times streamed-state downloads by."""
+
+    spill_s: float  # how long the next forward and loss leave the d2h lane free
+    link_bytes_per_s: float  # one direction of the host link, both busy
+
+
 @dataclass(kw_only=True)
 class Ctx:
     """What an emitter needs, plus the facts that cross layer and step boundaries."""
@@ -43,6 +51,7 @@ class Ctx:
     state_ready: dict[int, str] = field(default_factory=dict)  # streamed unit -> its state's d2h
     opt_slot: dict[int, str] = field(default_factory=dict)  # streamed unit -> GPU state slot
     opt_ready: dict[int, str] = field(default_factory=dict)  # streamed unit -> its state's h2d
+    pace: StatePace = StatePace(spill_s=0.0, link_bytes_per_s=1.0)
 
     @property
     def n(self) -> int:

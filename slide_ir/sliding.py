@@ -7,10 +7,10 @@ AdamW update runs on `cpu` while the GPU computes layer j-1. The next step's upl
 waits for that unit's update. Resident units never move: a GPU AdamW updates them in place.
 
 Streamed units (see `streaming`) slide like the others, but their FP32 state comes up on `h2d`
-before their backward (a decoder layer's with its weights, the embedding's right after the
-loss, where the kept layers' backward leaves the link idle), a GPU AdamW updates them after
-it, and the new BF16 weights, then the state, go down on `d2h`. The next step's upload waits
-for the weights only; the next state upload waits for the state.
+before their backward, a GPU AdamW updates them after it, and the new BF16 weights, then the
+state, go down on `d2h`. The next step's upload waits for the weights only; the next state
+upload waits for the state. Each streamed unit has a GPU state slot of its own, so the state
+can travel when the link is free rather than when the unit is next (`_StateTraffic`).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class _Micro:
         self.layers, self.ahead, self.io, self.order = layers, ahead, io, order
         self.uploaded: dict[str, set[int]] = {"fwd": set(), "bwd": set()}
         self.phase = "fwd"
+        self.state = _StateTraffic(ctx, step)
 
     def run(self) -> None:
         ctx = self.ctx
@@ -70,6 +71,7 @@ class _Micro:
         self.after_bwd(ctx.n + 1)
         self.phase = "bwd"
         backward(ctx, self.step, self.micro, self.before_backward, self.after_bwd)
+        self.state.flush_downloads()
 
     # -- prefetch ------------------------------------------------------------------------------
     def before_forward(self, unit: int) -> None:
@@ -82,7 +84,7 @@ class _Micro:
         if unit == n + 1 or self.uploaded["fwd"].issuperset(self.layers):
             self._upload(n + 1)
         if unit == n + 1:
-            self._upload_state(n + 1)
+            self.state.upload_share(through=n + 1)
 
     def before_backward(self, layer: int) -> None:
         ctx = self.ctx
@@ -90,9 +92,7 @@ class _Micro:
         if layer in back:
             self._upload_layers(back, back.index(layer))
         prefetch_activations(ctx, self.step, self.micro, layer)
-        self._upload_state(layer)
-        if layer == ctx.n:
-            self._upload_state(0)
+        self.state.upload_share(through=layer)
 
     def _upload_layers(self, order: list[int], pos: int) -> None:
         for u in order[pos : pos + self.ahead + 1]:
@@ -118,24 +118,6 @@ class _Micro:
             acquire=[pool],
         )
         ctx.unit_slot[unit], ctx.weights_ready[unit] = slot, op_id
-
-    def _upload_state(self, unit: int) -> None:
-        """A streamed unit's FP32 master + moments into a GPU staging slot."""
-        ctx = self.ctx
-        if unit not in ctx.streamed or unit in ctx.opt_slot:
-            return
-        op_id = ctx.sid(self.step, unit, "opt.h2d")
-        (slot,) = ctx.b.emit(
-            op_id,
-            K.OPT_H2D,
-            "h2d",
-            step=self.step,
-            layer=unit,
-            work=Work(bytes=_state_bytes(ctx, unit)),
-            deps=[ctx.state_ready.get(unit)],
-            acquire=[f"gpu_opt_{unit_group(ctx, unit)}"],
-        )
-        ctx.opt_slot[unit], ctx.opt_ready[unit] = slot, op_id
 
     # -- gradients -----------------------------------------------------------------------------
     def after_bwd(self, unit: int) -> None:
@@ -179,21 +161,102 @@ class _Micro:
         self.io.update(self.order, unit, deps=[d2h], release=(landing,))
 
     def _streamed_update(self, unit: int) -> None:
-        """GPU AdamW of a streamed unit, then its new BF16 weights and its state go down."""
+        """GPU AdamW of a streamed unit, then its new BF16 weights (and maybe its state) go down."""
         ctx, step = self.ctx, self.step
-        b = ctx.b
         adam = ctx.sid(step, unit, "gpu_adam")
-        b.emit(adam, K.GPU_ADAM, "gpu", step=step, layer=unit, work=gpu_adam_work(ctx, unit),
-               deps=[ctx.opt_ready.pop(unit)])  # fmt: skip
+        ctx.b.emit(adam, K.GPU_ADAM, "gpu", step=step, layer=unit, work=gpu_adam_work(ctx, unit),
+                   deps=[ctx.opt_ready.pop(unit)])  # fmt: skip
         weights = ctx.sid(step, unit, "w.d2h")
-        b.emit(weights, K.W_D2H, "d2h", step=step, layer=unit,
-               work=Work(bytes=param_bytes(ctx, unit)), deps=[adam],
-               release=[ctx.unit_slot.pop(unit)])  # fmt: skip
-        state = ctx.sid(step, unit, "opt.d2h")
-        b.emit(state, K.OPT_D2H, "d2h", step=step, layer=unit,
-               work=Work(bytes=_state_bytes(ctx, unit)), deps=[adam],
-               release=[ctx.opt_slot.pop(unit)])  # fmt: skip
-        ctx.last_update[unit], ctx.state_ready[unit] = weights, state
+        ctx.b.emit(weights, K.W_D2H, "d2h", step=step, layer=unit,
+                   work=Work(bytes=param_bytes(ctx, unit)), deps=[adam],
+                   release=[ctx.unit_slot.pop(unit)])  # fmt: skip
+        ctx.last_update[unit] = weights
+        self.state.updated(unit)
+
+
+class _StateTraffic:
+    """When a step's streamed state crosses the link.
+
+    Uploads are spread evenly over the loss and the n decoder layers' backward, each phase's
+    share behind its weight and activation prefetches, the embedding's and head's first (the
+    loss leaves the link idle) and then the layers' in the order the backward updates them:
+    a streamed layer alone needs more link time than its backward takes, so uploading each
+    just before its backward stalls the GPU there while the link idles through the
+    host-updated layers. Downloads follow their unit's new weights, except for the last units
+    to update: as many states as the next forward and loss can carry (`StatePace.spill_s`)
+    wait until the backward is done, so the backward's tail runs at the GPU's pace; they go
+    down in the order the next step uploads them."""
+
+    def __init__(self, ctx: Ctx, step: int) -> None:
+        self.ctx, self.step = ctx, step
+        n = ctx.n
+        self.order = [u for u in (0, n + 1, *range(n, 0, -1)) if u in ctx.streamed]
+        self.to_upload = list(self.order)
+        self.total = sum(_state_bytes(ctx, u) for u in self.order)
+        self.sent = 0
+        self.phases = 0
+        self.deferred: list[int] = []
+        self.defer = self._spilled()
+
+    def _spilled(self) -> set[int]:
+        """The last streamed units to update whose states fit in the spill budget."""
+        ctx = self.ctx
+        budget = ctx.pace.spill_s * ctx.pace.link_bytes_per_s
+        out: set[int] = set()
+        for unit in (0, *range(1, ctx.n + 2)):  # the reverse of the update order
+            if unit not in ctx.streamed:
+                continue
+            budget -= _state_bytes(ctx, unit)
+            if budget < 0:
+                break
+            out.add(unit)
+        return out
+
+    def upload_share(self, through: int) -> None:
+        """One phase: every upload up to `through`'s (its update is next), then more until the
+        bytes sent reach this phase's share."""
+        self.phases += 1
+        target = self.total * self.phases / (self.ctx.n + 1)
+        if through in self.to_upload:
+            for unit in self.to_upload[: self.to_upload.index(through) + 1]:
+                self._upload(unit)
+        while self.to_upload and self.sent < target:
+            self._upload(self.to_upload[0])
+
+    def _upload(self, unit: int) -> None:
+        ctx = self.ctx
+        self.to_upload.remove(unit)
+        self.sent += _state_bytes(ctx, unit)
+        op_id = ctx.sid(self.step, unit, "opt.h2d")
+        (slot,) = ctx.b.emit(
+            op_id,
+            K.OPT_H2D,
+            "h2d",
+            step=self.step,
+            layer=unit,
+            work=Work(bytes=_state_bytes(ctx, unit)),
+            deps=[ctx.state_ready.get(unit)],
+            acquire=[f"gpu_opt_{unit_group(ctx, unit)}"],
+        )
+        ctx.opt_slot[unit], ctx.opt_ready[unit] = slot, op_id
+
+    def updated(self, unit: int) -> None:
+        if unit in self.defer:
+            self.deferred.append(unit)
+        else:
+            self._download(unit)
+
+    def flush_downloads(self) -> None:
+        for unit in sorted(self.deferred, key=self.order.index):
+            self._download(unit)
+
+    def _download(self, unit: int) -> None:
+        ctx, step = self.ctx, self.step
+        op_id = ctx.sid(step, unit, "opt.d2h")
+        ctx.b.emit(op_id, K.OPT_D2H, "d2h", step=step, layer=unit,
+                   work=Work(bytes=_state_bytes(ctx, unit)), deps=[ctx.sid(step, unit, "gpu_adam")],
+                   release=[ctx.opt_slot.pop(unit)])  # fmt: skip
+        ctx.state_ready[unit] = op_id
 
 
 def _state_bytes(ctx: Ctx, unit: int) -> int:

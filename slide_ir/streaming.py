@@ -8,8 +8,8 @@ CPU to the copy engines. Units stream in `resident_preference` order (the embedd
 decoder layers 1, 2, ...): their updates come last in the backward, where nothing hides a CPU
 update, and they are the first the next step's forward needs.
 
-`auto` picks the count with the shortest estimated step (`estimate_step_s`; the smallest count
-on ties) among those whose ledger fits, and streams nothing unless that beats no streaming by
+`auto` picks the smallest count whose estimated step (`estimate_step_s`) is within NEAR_BEST of
+the shortest, among those whose ledger fits, and streams nothing unless that beats no streaming by
 MIN_GAIN: the estimate is rough, and streaming costs GPU memory and pinned RAM.
 """
 
@@ -28,9 +28,10 @@ from slide_ir.ledger import (
     unit_params,
 )
 from slide_ir.model import ModelSpec
-from slide_ir.schedules import layer_work
+from slide_ir.schedules import StatePace, layer_work
 
 MIN_GAIN = 0.03
+NEAR_BEST = 0.02  # the smallest count this close to the best estimate: it flattens out
 
 
 def choose_streamed(
@@ -54,21 +55,39 @@ def choose_streamed(
         return ()
     cost = CostModel(machine, cpu_threads=config.cpu_threads)
     budget = (1.0 - config.gpu_margin) * machine.gpu.memory_bytes
-    none_s = estimate_step_s(model, config, cost, candidates, ())
-    best, best_s = 0, none_s
+    estimates = {0: estimate_step_s(model, config, cost, candidates, ())}
     for count in range(1, len(candidates) + 1):
         chosen = tuple(candidates[:count])
         ledger = build_ledger(model, machine, config, resident, chosen)
         if ledger.peak_bytes("gpu") > budget:
             break
-        if not ledger.feasible:  # host RAM: more streaming needs fewer landing buffers
-            continue
-        seconds = estimate_step_s(model, config, cost, candidates, chosen)
-        if seconds < best_s * (1 - 1e-3):
-            best, best_s = count, seconds
-    if best_s > none_s * (1 - MIN_GAIN):
+        if ledger.feasible:  # host RAM: more streaming needs fewer landing buffers
+            estimates[count] = estimate_step_s(model, config, cost, candidates, chosen)
+    best_s = min(estimates.values())
+    if best_s > estimates[0] * (1 - MIN_GAIN):
         return ()
+    best = min(c for c, s in estimates.items() if s <= best_s * (1 + NEAR_BEST))
     return tuple(candidates[:best])
+
+
+def state_pace(model: ModelSpec, machine: Machine, config: TrainConfig) -> StatePace:
+    """With the layer inputs on the GPU the next forward and loss leave `d2h` idle: state
+    downloads can spill into them. Saved to the host, the inputs need the lane."""
+    cost = CostModel(machine, cpu_threads=config.cpu_threads)
+    spill = 0.0
+    if config.activations == "gpu":
+        spill = model.num_layers * _layer_s(model, config, cost) + _loss_s(model, config, cost)
+    return StatePace(spill_s=spill, link_bytes_per_s=cost.rates.link)
+
+
+def _layer_s(model: ModelSpec, config: TrainConfig, cost: CostModel) -> float:
+    """One decoder layer's forward (also its recompute)."""
+    return cost.compute_seconds(layer_work(model, config, backward=False))
+
+
+def _loss_s(model: ModelSpec, config: TrainConfig, cost: CostModel) -> float:
+    b, s = config.batch, config.seq
+    return cost.compute_seconds(Work(flops=model.head_fwd_flops(b, s) + model.head_bwd_flops(b, s)))
 
 
 def estimate_step_s(
@@ -81,14 +100,15 @@ def estimate_step_s(
     """A closed-form step time of the sliding schedule with these units streamed (the simulator
     refines it). Without streaming: the slowest of GPU compute, CPU updates + the forward (the
     forward's first layers wait for the backward's last updates), and the link. With streaming
-    (the embedding first, then layers 1..k): the backward runs at the GPU's pace through the
-    host-updated layers (the landing ring lets it run ahead of the CPU) and at the slower of
-    GPU and link through the streamed ones; the CPU must finish the host-updated layers before
-    the next forward reaches layer k+1."""
+    (the embedding first, then layers 1..k): the loss and backward last as long as their
+    compute or the uploads they carry (the backward's weights and every state), whichever is
+    longer; the streamed layers' backward as long as their compute or the downloads that do
+    not spill into the next forward (`state_pace`); the CPU must finish the host-updated layers
+    before the next forward reaches layer k+1."""
     b, s, n = config.batch, config.seq, model.num_layers
-    fwd = cost.compute_seconds(layer_work(model, config, backward=False))
+    fwd = _layer_s(model, config, cost)
     bwd = fwd + cost.compute_seconds(layer_work(model, config, backward=True))
-    loss = cost.compute_seconds(Work(flops=model.head_fwd_flops(b, s) + model.head_bwd_flops(b, s)))
+    loss = _loss_s(model, config, cost)
     link, t_fwd = cost.rates.link, n * fwd
     params = {u: unit_params(model, u) for u in sliding}
     host = [u for u in sliding if u not in streamed]
@@ -100,11 +120,15 @@ def estimate_step_s(
     t_link = max(sum(up.values()), sum(down.values())) / link
     if not streamed:
         return max(t_fwd + n * bwd + loss, t_cpu + t_fwd, t_link)
-    layers = [u for u in sliding if 1 <= u <= n]
-    t_bwd = sum(max(bwd, up[u] / link, down[u] / link) if u in streamed else bwd for u in layers)
+    layers = sum(1 for u in sliding if 1 <= u <= n)
+    streamed_layers = sum(1 for u in streamed if 1 <= u <= n)
+    spill = n * fwd + loss if config.activations == "gpu" else 0.0
+    downloads = sum(down[u] - act for u in streamed) / link
+    tail_layers = max(streamed_layers * bwd, downloads - spill)
+    t_up = sum(up[u] - BF16 * params[u] for u in sliding) / link  # all but the forward's weights
+    t_bwd = max(loss + (layers - streamed_layers) * bwd + tail_layers, t_up)
     # a streamed embedding's new weights: down, then up again, before the next forward
     tail = 2 * BF16 * params[0] / link if 0 in streamed else 0.0
-    streamed_layers = sum(1 for u in streamed if 1 <= u <= n)
-    gpu_chain = t_fwd + loss + t_bwd + tail
+    gpu_chain = t_fwd + t_bwd + tail
     cpu_chain = t_fwd * (1 - streamed_layers / n) + loss + t_cpu
     return max(gpu_chain, cpu_chain, t_link)
