@@ -258,10 +258,10 @@ def _sweep_rms_norm(rn, gen, n: int) -> list[str]:
     # backward kernel + the torch sum of the partial d(weight) rows, as autograd runs it
     bwd_settings = [
         {"BWD_TILE": rn.BWD_TILE, "BWD_ELEMS_PER_THREAD": rn.BWD_ELEMS_PER_THREAD,
-         "BWD_PER_SM": rn.BWD_PER_SM}
+         "BWD_PER_SM": rn.BWD_PER_SM, "BWD_STAGES": rn.BWD_STAGES}
     ] + [
-        {"BWD_TILE": t, "BWD_ELEMS_PER_THREAD": e, "BWD_PER_SM": p}
-        for t in (8192, 16384, 32768) for e in (8, 16) for p in (1, 2, 4)
+        {"BWD_TILE": t, "BWD_ELEMS_PER_THREAD": e, "BWD_PER_SM": p, "BWD_STAGES": st}
+        for t in (8192, 16384, 32768) for e in (8, 16) for p in (1, 2) for st in (1, 2, 3)
     ]  # fmt: skip
     bwd = _sweep_rows(f"rms_norm N={n}", rn, bwd_settings,
                       {"bwd": (lambda: rn.rms_norm_backward(dy, x, w, rstd), 3 * x.nbytes)})  # fmt: skip
@@ -410,8 +410,9 @@ def _sweep_lce(lce) -> list[str]:
     return lines
 
 
-def sweep() -> list[str]:
-    """Our kernels under other launch parameters (for tuning; not the results table)."""
+def sweep(ops: str = "all") -> list[str]:
+    """Our kernels under other launch parameters (for tuning; not the results table); `ops` is
+    "all" or "rms_norm" (the norm's settings alone: a short run)."""
     # modules, not the same-named functions that `kernels` exports
     lce, rn, rp, sw = (
         importlib.import_module(f"kernels.{m}") for m in ("lce", "rms_norm", "rope", "swiglu")
@@ -419,6 +420,8 @@ def sweep() -> list[str]:
 
     gen = torch.Generator(device=DEV).manual_seed(1)
     lines = ["| launch | setting | us | GB/s |", "| --- | --- | ---: | ---: |"]
+    if ops == "rms_norm":
+        return lines + _sweep_rms_norm(rn, gen, LLAMA_8B["hidden"])
     lines += _sweep_swiglu(sw, gen) + _sweep_rms_norm(rn, gen, LLAMA_8B["hidden"])
     lines += _sweep_rms_norm(rn, gen, LLAMA_8B["head_dim"])
     lines += _sweep_rope(rp, gen) + _sweep_lce_rows(lce, gen)
@@ -454,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--quick", action="store_true", help="LCE at 8192 tokens only")
-    parser.add_argument("--sweep", action="store_true", help="also time other launch settings")
+    parser.add_argument(
+        "--sweep", nargs="?", const="all", choices=["all", "rms_norm"],
+        help="also time other launch settings (all, or rms_norm only)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA GPU", file=sys.stderr)
@@ -506,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n" + text)
     if args.sweep:
-        text += "\n\n### Launch-parameter sweep (slide kernels)\n\n" + "\n".join(sweep())
+        text += "\n\n### Launch-parameter sweep (slide kernels)\n\n" + "\n".join(sweep(args.sweep))
         print(text[text.index("### Launch-parameter") :])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernels_bench.md").write_text(text + "\n")

@@ -97,14 +97,15 @@ VARIANT_FIELDS = {
     "cpu_threads": int,
     "grad_buffers": int,
     "moments_dtype": str,
+    "activations": str,
 }
 
 
 def variant_fields(variant: str) -> dict[str, object]:
-    """`pure` (the defaults: every unit slides, CPU AdamW) or `key=value+key=value` over
+    """`pure` (every unit slides, every update on the CPU) or `key=value+key=value` over
     VARIANT_FIELDS, e.g. `streamed=auto`, `resident=auto`, `streamed=8+cpu_threads=12`."""
     if variant == "pure":
-        return {}
+        return {"streamed": 0}
     out = {}
     for item in variant.split("+"):
         key, _, value = item.partition("=")

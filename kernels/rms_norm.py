@@ -24,6 +24,7 @@ ELEMS_PER_THREAD = 16  # num_warps = tile / (32 x this), 1 to 16
 BWD_TILE = 16384  # elements per loop step: 4 rows of 4096 in flight (H200: 123 us vs 149 at 8192)
 BWD_ELEMS_PER_THREAD = 8  # num_warps = tile / (32 x this), 1 to 16 (so 16 warps here)
 BWD_PER_SM = 1  # programs per SM, each with its partial d(weight) row
+BWD_STAGES = 1  # software-pipelined loads of the next row block (1: none)
 
 
 @triton.jit
@@ -50,7 +51,7 @@ def _rms_norm_fwd_kernel(
 def _rms_norm_bwd_kernel(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows, N, blocks_per_program,
     dy_stride, x_stride, dx_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -59,7 +60,7 @@ def _rms_norm_bwd_kernel(
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     first = pid * blocks_per_program
     last = tl.minimum(first + blocks_per_program, tl.cdiv(n_rows, BLOCK_M))
-    for block in range(first, last):
+    for block in tl.range(first, last, num_stages=STAGES):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         row_mask = rows < n_rows
         mask = row_mask[:, None] & col_mask[None, :]
@@ -116,7 +117,7 @@ def rms_norm_backward(
     _rms_norm_bwd_kernel[(programs,)](
         dy, x2d, weight, rstd, dx, dw_partial, n_rows, n, per_program,
         dy.stride(0), x2d.stride(0), dx.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, STAGES=BWD_STAGES, num_warps=warps,
     )  # fmt: skip
     return dx, dw_partial.sum(0).to(weight.dtype)
 

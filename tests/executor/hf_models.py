@@ -4,8 +4,8 @@ weights between a transformers model and our flat unit buffers (tests only)."""
 from __future__ import annotations
 
 import torch
-import transformers
 
+from bench.gpu_parity import random_model
 from executor.layout import UnitLayout, unit_layouts
 from slide_ir.model import ModelSpec
 
@@ -51,13 +51,7 @@ def spec_of(config: dict, name: str = "tiny") -> ModelSpec:
     return ModelSpec.from_hf_config(config, name=name)
 
 
-def hf_model(config: dict, seed: int = 0) -> transformers.PreTrainedModel:
-    """A float32 transformers model with SDPA attention, random init under `seed`."""
-    torch.manual_seed(seed)
-    cfg = transformers.AutoConfig.for_model(**config)
-    cfg._attn_implementation = "sdpa"
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-    return model.float()
+hf_model = random_model
 
 
 def state_dict_fp32(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -34,13 +34,14 @@ def test_random_delays_in_every_lane_change_nothing(monkeypatch: pytest.MonkeyPa
         assert_bitwise_equal(run_executor(False, **BUSY), calm)
 
 
+@pytest.mark.parametrize("activations", ["cpu", "gpu"], ids=["inputs-on-host", "inputs-on-device"])
 def test_random_delays_change_nothing_with_streamed_updates(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, activations: str
 ) -> None:
-    calm = run_executor(True, **STREAMED)
+    calm = run_executor(True, **STREAMED, activations=activations)
     monkeypatch.setenv("SLIDE_RANDOM_DELAY_MS", "3")
     monkeypatch.setenv("SLIDE_DELAY_SEED", "3")
-    assert_bitwise_equal(run_executor(True, **STREAMED), calm)
+    assert_bitwise_equal(run_executor(True, **STREAMED, activations=activations), calm)
 
 
 def test_serialised_run_equals_overlapped_run(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,6 +31,8 @@ CASES = {
     ),
     # streamed: the embedding + first layer (tied: LM head's grads too) updated on the "GPU"
     "streamed-2-tied": (True, {"streamed": 2}),
+    # inputs on the device: the last states' downloads wait for the end of the backward
+    "streamed-3-inputs-on-device": (True, {"streamed": 3, "activations": "gpu"}),
     "streamed-all-untied-clip": (False, {"streamed": 6, "clip": "per-unit", "clip_norm": 0.05}),
     "streamed-1-resident-1": (False, {"resident": 1, "streamed": 1}),
     "nvme-moments-accum-resident": (
