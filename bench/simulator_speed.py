@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulator.engine import simulate
+from simulator.dram import simulate_shared_dram
 from simulator.run import simulate_plan
 from slide_ir.config import TrainConfig
 from slide_ir.cost import CostModel
@@ -40,7 +40,7 @@ def one_run(repeat: int) -> None:
         t0 = time.perf_counter()
         p = plan(model, machine, config)
         t1 = time.perf_counter()
-        trace = simulate(p.graph, CostModel(machine))
+        trace = simulate_shared_dram(p.graph, CostModel(machine))
         t2 = time.perf_counter()
         trace_metrics(trace, p.graph)
         t3 = time.perf_counter()

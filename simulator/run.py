@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.engine import simulate
+from simulator.dram import simulate_shared_dram
 from slide_ir.config import TrainConfig
 from slide_ir.cost import CostModel, Efficiency
 from slide_ir.hardware import Machine, load_machine
@@ -114,5 +114,5 @@ def simulate_plan(
     if not p.feasible and not force:
         return SimResult(plan=p, trace=None, metrics=None)
     costs = CostModel(mach, cpu_threads=config.cpu_threads, efficiency=efficiency)
-    trace = simulate(p.graph, costs, meta={"cost_model": costs.describe()})
+    trace = simulate_shared_dram(p.graph, costs, meta={"cost_model": costs.describe()})
     return SimResult(plan=p, trace=trace, metrics=trace_metrics(trace, p.graph))

@@ -15,10 +15,11 @@ Roofline style, one handler per `OpKind` (a test checks the table covers every k
   the duplex rate for every transfer is the simple, slightly pessimistic choice (the forward
   phase's lone uploads run a little faster on a real link);
 - `adam`: elements / the CPU's Adam rate at `work.bytes // work.elements` bytes per element
-  (28 for FP32 weights + grads + moments: the rate is memory-bandwidth bound), with the DRAM
-  bandwidth the CPU keeps while the copy engines stream (`cpu.dram_under_dma_bytes_per_s`):
-  every schedule here runs its updates beside gradient downloads and weight uploads, and on
-  the H200 host that traffic cost the update a third of its rate (bench/RESULTS.md);
+  (28 for FP32 weights + grads + moments: the rate is memory-bandwidth bound). The copy engines
+  share that DRAM: on the H200 host full duplex traffic cost the update 20-35% of its rate
+  (bench/RESULTS.md). `seconds` prices every update at full load
+  (`cpu.dram_under_dma_bytes_per_s`); `seconds_under_dma` at a given share of it, which the
+  simulator takes from the traffic each update actually meets;
 - `cast`: elements / the CPU's FP32 -> BF16 cast rate;
 - `grad_accum`: bytes touched / the CPU's DRAM bandwidth (a streaming add, memory bound);
 - NVMe: bytes / the lane's drive rate (`nvme0` is drive 0, ...).
@@ -74,7 +75,7 @@ class _Rates:
     lce: float | None  # logits/s of the fused loss
     gpu_adam: float | None  # elements/s of the device AdamW
     link: float
-    adam: Callable[[int], float]  # bytes per element -> elements/s
+    adam: Callable[[int, float], float]  # (bytes per element, DMA load 0..1) -> elements/s
     cast: float
     dram: float
     nvme_read: tuple[float, ...]
@@ -97,6 +98,14 @@ class CostModel:
     def seconds(self, op: Op) -> float:
         return self.efficiency.launch_s + HANDLERS[op.kind](self, op)
 
+    def seconds_under_dma(self, op: Op, dma_load: float) -> float:
+        """`seconds`, with a host AdamW priced beside `dma_load` (0 to 1) of the link's full
+        duplex traffic instead of all of it: the simulator re-prices each update by the
+        traffic it met (`simulator.dram`)."""
+        if op.kind != OpKind.ADAM:
+            return self.seconds(op)
+        return self.efficiency.launch_s + _adam_at(self, op, dma_load)
+
     def compute_seconds(self, w: Work) -> float:
         """GPU compute: matmul, attention and elementwise kernels, serial."""
         r = self.rates
@@ -117,7 +126,7 @@ class CostModel:
             "lce_logits_per_s": r.lce,
             "gpu_adam_elems_per_s": r.gpu_adam,
             "link_bytes_per_s": r.link,
-            "adam_elems_per_s_fp32": r.adam(28),
+            "adam_elems_per_s_fp32": r.adam(28, 1.0),
             "cast_elems_per_s": r.cast,
             "dram_bytes_per_s": r.dram,
             "nvme_read_bytes_per_s": list(r.nvme_read),
@@ -130,15 +139,12 @@ class CostModel:
 def _resolve(machine: Any, threads: int | None, eff: Efficiency) -> _Rates:
     gpu, link, cpu = machine.gpu, machine.link, machine.cpu
     drives = tuple(getattr(machine, "nvme", ()) or ())
-    adam_cache: dict[int, float] = {}
 
-    def adam(bytes_per_elem: int) -> float:
-        if bytes_per_elem not in adam_cache:
-            rate = cpu.adam_elems_per_s(
-                threads=threads, bytes_per_elem=bytes_per_elem, under_dma=True
-            )
-            adam_cache[bytes_per_elem] = rate * eff.adam
-        return adam_cache[bytes_per_elem]
+    def adam(bytes_per_elem: int, dma_load: float = 1.0) -> float:
+        rate = cpu.adam_elems_per_s(
+            threads=threads, bytes_per_elem=bytes_per_elem, dma_load=dma_load
+        )
+        return float(rate) * eff.adam
 
     return _Rates(
         flops=gpu.bf16_matmul_tflops * 1e12 * eff.matmul,
@@ -187,10 +193,14 @@ def _transfer(cm: CostModel, op: Op) -> float:
 
 
 def _adam(cm: CostModel, op: Op) -> float:
+    return _adam_at(cm, op, dma_load=1.0)
+
+
+def _adam_at(cm: CostModel, op: Op, dma_load: float) -> float:
     if op.work.elements == 0:
         return 0.0
     per_elem = max(1, op.work.bytes // op.work.elements) if op.work.bytes else 28
-    return op.work.elements / cm.rates.adam(per_elem)
+    return op.work.elements / cm.rates.adam(per_elem, dma_load)
 
 
 def _cast(cm: CostModel, op: Op) -> float:

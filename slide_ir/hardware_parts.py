@@ -136,17 +136,21 @@ class Cpu:
         _validate(self)
 
     def adam_elems_per_s(
-        self, *, threads: int | None = None, bytes_per_elem: int = 28, under_dma: bool = False
+        self, *, threads: int | None = None, bytes_per_elem: int = 28, dma_load: float = 0.0
     ) -> float:
-        """AdamW elements/s: min(threads x per-core rate, DRAM / bytes touched per element),
-        with the DRAM bandwidth left beside the copy engines' traffic when `under_dma`.
+        """AdamW elements/s: min(threads x per-core rate, DRAM / bytes touched per element).
+        `dma_load` (0 to 1) is how much of the copy engines' full duplex traffic runs beside
+        the update: the DRAM bandwidth left falls linearly from the lone figure to the one
+        measured under full load (when the profile has it).
 
         An fp32 step reads param, grad, m, v (16 B) and writes param, m, v (12 B): 28 B. Callers
         with bf16 grads or a fused bf16 weight write pass their own byte count.
         """
+        if not 0.0 <= dma_load <= 1.0:
+            raise ValueError(f"dma_load must be within [0, 1], got {dma_load}")
         dram = self.dram_bytes_per_s
-        if under_dma and self.dram_under_dma_bytes_per_s is not None:
-            dram = self.dram_under_dma_bytes_per_s
+        if self.dram_under_dma_bytes_per_s is not None:
+            dram += dma_load * (self.dram_under_dma_bytes_per_s - dram)
         return self._rate(self.adam_elems_per_s_per_core, threads, bytes_per_elem, dram)
 
     def cast_elems_per_s(self, *, threads: int | None = None, bytes_per_elem: int = 6) -> float:

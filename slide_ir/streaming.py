@@ -112,7 +112,7 @@ def estimate_step_s(
     link, t_fwd = cost.rates.link, n * fwd
     params = {u: unit_params(model, u) for u in sliding}
     host = [u for u in sliding if u not in streamed]
-    t_cpu = sum(params[u] for u in host) / cost.rates.adam(adam_bytes_per_param(config))
+    t_cpu = sum(params[u] for u in host) / cost.rates.adam(adam_bytes_per_param(config), 1.0)
     act = 0 if config.activations == "gpu" else b * s * model.hidden_size * BF16
     state = FP32 + config.moment_bytes
     up = {u: (2 * BF16 + (state if u in streamed else 0)) * params[u] + act for u in sliding}

@@ -102,7 +102,12 @@ def test_h200_preset_reproduces_the_measured_cpu_rates() -> None:
     cpu = load_machine("h200-16c-128g").cpu
     assert cpu.adam_elems_per_s(threads=12) == pytest.approx(2.23e9, rel=0.05)
     assert cpu.adam_elems_per_s(threads=6) == pytest.approx(1.93e9, rel=0.05)
-    assert cpu.adam_elems_per_s(threads=12, under_dma=True) == pytest.approx(1.79e9, rel=0.05)
+    assert cpu.adam_elems_per_s(threads=12, dma_load=1.0) == pytest.approx(1.79e9, rel=0.05)
+    # the DRAM left falls linearly with the share of full duplex DMA traffic beside the update
+    half = cpu.adam_elems_per_s(threads=12, dma_load=0.5)
+    assert half == pytest.approx((2.23e9 + 1.79e9) / 2, rel=0.05)
+    with pytest.raises(ValueError, match="dma_load must be within"):
+        cpu.adam_elems_per_s(dma_load=1.5)
     assert cpu.adam_elems_per_s() == cpu.adam_elems_per_s(threads=16)  # default: all cores
     # one DRAM figure per CPU, the update's: it caps the cast (probed alone at 13.3e9) at 62.3e9 / 6 B
     assert cpu.cast_elems_per_s(threads=16) == pytest.approx(62.31e9 / 6)
