@@ -15,8 +15,9 @@
 # The simulator's timeline of a plan, next to the executor's measured timeline of the same plan
 # on the H200 machine (a trace recorded there and committed under `notebooks/data/`). Rows are
 # lanes (GPU compute, host-to-device, device-to-host, CPU optimizer); below, memory per tier.
-# The committed run streams the updates of the embedding and layers 1-7 through the GPU (their
-# FP32 state goes up and down the link) while the CPU updates the rest.
+# The committed run streams the updates of the embedding and layers 1-17 through the GPU (their
+# FP32 state goes up and down the link, spread over the backward) while the CPU updates the
+# rest; the layer inputs stay on the GPU, so the last states go down during the next forward.
 
 # %%
 import json

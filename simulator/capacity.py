@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 
 def fits(model: ModelSpec, machine: Machine, config: TrainConfig) -> bool:
+    if config.activations == "auto":  # "auto" only ever moves inputs to a GPU that has room
+        config = replace(config, activations="cpu")
     resident = choose_resident(model, machine, config)
     return build_ledger(model, machine, config, resident).feasible
 

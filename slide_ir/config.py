@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 SCHEDULES = ("sliding", "zero-offload", "gpu-only")
 ACTIVATION_PLACES = ("gpu", "cpu", "nvme")
+# "auto": the planner keeps the layer inputs on the GPU when the updates it streams need the
+# link more than the GPU memory (see `planner.choose_activations`), else on the CPU
+ACTIVATION_CHOICES = (*ACTIVATION_PLACES, "auto")
 # "nvme" puts master weights and both moments on NVMe; "nvme-moments" only the two moments.
 OPTIMIZER_PLACES = ("cpu", "nvme", "nvme-moments")
 MOMENT_DTYPES = ("fp32", "bf16")
@@ -26,7 +29,7 @@ class TrainConfig:
     steps: int = 3
     grad_accum: int = 1
     schedule: str = "sliding"
-    activations: str = "cpu"
+    activations: str = "auto"
     optimizer: str = "cpu"
     moments_dtype: str = "fp32"
     cache_units: int = 3  # GPU cache units for sliding decoder layers (prefetch depth + 1)
@@ -52,7 +55,7 @@ class TrainConfig:
         for name in ("batch", "seq", "steps", "grad_accum"):
             _positive(name, getattr(self, name))
         _choice("schedule", self.schedule, SCHEDULES)
-        _choice("activations", self.activations, ACTIVATION_PLACES)
+        _choice("activations", self.activations, ACTIVATION_CHOICES)
         _choice("optimizer", self.optimizer, OPTIMIZER_PLACES)
         _choice("moments_dtype", self.moments_dtype, MOMENT_DTYPES)
         if self.cache_units < 2:

@@ -147,6 +147,11 @@ def build_ledger(
 ) -> Ledger:
     """The ledger of `config.schedule`. `resident` and `streamed` apply to the sliding schedule
     only."""
+    if config.activations == "auto":
+        raise ValueError(
+            "activations='auto' is chosen by the planner (slide_ir.planner.plan); a ledger needs "
+            "gpu, cpu or nvme"
+        )
     drives = len(machine.nvme)
     if drives == 0 and "nvme" in (config.optimizer, config.activations):
         raise ValueError(

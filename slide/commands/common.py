@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from slide_ir.config import (
-    ACTIVATION_PLACES,
+    ACTIVATION_CHOICES,
     CLIP_MODES,
     MOMENT_DTYPES,
     OPTIMIZER_PLACES,
@@ -48,9 +48,10 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
     parser.add_argument("--schedule", choices=SCHEDULES, default="sliding")
     parser.add_argument(
         "--activations",
-        choices=ACTIVATION_PLACES,
-        default="cpu",
-        help="where checkpointed layer inputs live [cpu]",
+        choices=ACTIVATION_CHOICES,
+        default="auto",
+        help="where checkpointed layer inputs live; auto: on the GPU when streamed updates need "
+        "the link, else on the CPU [auto]",
     )
     parser.add_argument(
         "--optimizer",

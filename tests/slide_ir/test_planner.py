@@ -46,8 +46,10 @@ def test_pools_are_the_ledger(llama8b, pc):
 
 
 def test_gpu_units_scale_with_cache_units(llama8b, pc):
-    small = build_ledger(llama8b, pc, TrainConfig(batch=1, seq=128, cache_units=2))
-    big = build_ledger(llama8b, pc, TrainConfig(batch=1, seq=128, cache_units=5))
+    small = build_ledger(
+        llama8b, pc, TrainConfig(batch=1, seq=128, cache_units=2, activations="cpu")
+    )
+    big = build_ledger(llama8b, pc, TrainConfig(batch=1, seq=128, cache_units=5, activations="cpu"))
     assert big.peak_bytes("gpu") - small.peak_bytes("gpu") == 3 * 4 * llama8b.layer_params
 
 
@@ -124,7 +126,7 @@ def test_nvme_without_drives_is_refused(llama8b):
 
 def test_resident_auto_fills_a_big_gpu():
     model, h200 = load_model("qwen2.5-14b"), load_machine("h200-16c-128g")
-    config = TrainConfig(batch=4, seq=1024, resident="auto")
+    config = TrainConfig(batch=4, seq=1024, resident="auto", activations="cpu")
     resident = choose_resident(model, h200, config)
     assert resident[:3] == (0, 1, 2)  # the embedding first, then layers 1, 2, ...
     assert 2 < len(resident) < model.num_layers
@@ -140,7 +142,7 @@ def test_resident_auto_fills_a_big_gpu():
 def test_resident_auto_keeps_a_small_model_whole(llama8b):
     """16 B/param x 8.03e9 fits a 141 GB H200 with room for activations: nothing slides."""
     h200 = load_machine("h200-16c-128g")
-    config = TrainConfig(batch=4, seq=1024, resident="auto")
+    config = TrainConfig(batch=4, seq=1024, resident="auto", activations="cpu")
     assert len(choose_resident(llama8b, h200, config)) == llama8b.num_layers + 2
 
 

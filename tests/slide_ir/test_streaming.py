@@ -18,7 +18,7 @@ def h200():
 
 def test_streamed_units_move_state_to_pinned_ram_and_add_gpu_staging(h200):
     model = load_model("llama-3.2-3b")
-    config = TrainConfig(batch=16, seq=1024, streamed=5)
+    config = TrainConfig(batch=16, seq=1024, streamed=5, activations="cpu")
     base = build_ledger(model, h200, config)
     led = build_ledger(model, h200, config, streamed=(0, 1, 2, 3, 4))
     layer, embed = model.layer_params, model.embedding_params
@@ -84,7 +84,8 @@ def test_state_downloads_spill_into_the_next_forward_only_with_inputs_on_the_gpu
     state = 12 * model.layer_params
     budget = 13 * 0.01 + 0.1  # seconds: generous bounds on forward + loss at this shape
     assert (len(spilled) - 1) * state <= budget * h200.link.duplex_bytes_per_s
-    host = plan(model, h200, TrainConfig(batch=16, seq=1024, steps=2, streamed=14))
+    config = TrainConfig(batch=16, seq=1024, steps=2, streamed=14, activations="cpu")
+    host = plan(model, h200, config)
     d2h = _lane(host, "d2h")
     for unit in range(14):
         assert d2h[d2h.index(f"s1.L{unit}.w.d2h") + 1] == f"s1.L{unit}.opt.d2h"
@@ -92,11 +93,13 @@ def test_state_downloads_spill_into_the_next_forward_only_with_inputs_on_the_gpu
 
 def test_auto_streams_on_a_cpu_bound_h200_and_not_with_nvme_state(h200):
     model = load_model("llama-3.2-3b")
-    chosen = choose_streamed(model, h200, TrainConfig(batch=16, seq=1024, streamed="auto"), ())
+    chosen = choose_streamed(
+        model, h200, TrainConfig(batch=16, seq=1024, streamed="auto", activations="cpu"), ()
+    )
     assert chosen[:2] == resident_preference(model)[:2]  # the embedding first, then layer 1
     assert 2 <= len(chosen) < model.num_layers
     nvme = load_machine("h200-16c-128g", nvme=1)
-    config = TrainConfig(batch=16, seq=1024, streamed="auto", optimizer="nvme")
+    config = TrainConfig(batch=16, seq=1024, streamed="auto", optimizer="nvme", activations="cpu")
     assert choose_streamed(model, nvme, config, ()) == ()
 
 
@@ -134,6 +137,25 @@ def test_auto_does_not_stream_for_a_small_estimated_gain():
     """On the 4090 PC the estimate gains under MIN_GAIN for 8B at batch 16: nothing streams,
     although a forced count is a valid, feasible plan."""
     model, pc = load_model("llama-3.1-8b"), load_machine("paper-pc-4090")
-    config = TrainConfig(batch=16, seq=1024, streamed="auto")
+    config = TrainConfig(batch=16, seq=1024, streamed="auto", activations="cpu")
     assert choose_streamed(model, pc, config, ()) == ()
-    assert plan(model, pc, TrainConfig(batch=16, seq=1024, streamed=2)).feasible
+    assert plan(model, pc, TrainConfig(batch=16, seq=1024, streamed=2, activations="cpu")).feasible
+
+
+def test_auto_activations_stay_on_the_gpu_only_when_updates_stream(h200):
+    """`activations="auto"` (the default): the layer inputs stay on the GPU where the plan
+    streams updates (the state needs the link), on the host otherwise."""
+    model = load_model("llama-3.2-3b")
+    p = plan(model, h200, TrainConfig(batch=16, seq=1024))
+    assert p.config.activations == "gpu" and p.ledger.streamed
+    assert not any(op.kind == OpKind.ACT_SAVE for op in p.graph.ops)
+    pure = plan(model, h200, TrainConfig(batch=16, seq=1024, streamed=0))
+    assert pure.config.activations == "cpu"
+    pc = plan(
+        load_model("llama-3.1-8b"), load_machine("paper-pc-4090"), TrainConfig(batch=16, seq=1024)
+    )
+    assert pc.config.activations == "cpu" and not pc.ledger.streamed
+    kept = plan(model, h200, TrainConfig(batch=16, seq=1024, activations="cpu"))
+    assert kept.config.activations == "cpu" and kept.ledger.streamed
+    with pytest.raises(ValueError, match="activations='auto' is chosen by the planner"):
+        build_ledger(model, h200, TrainConfig(batch=16, seq=1024))
