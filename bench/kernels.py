@@ -33,7 +33,7 @@ import os  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
 
 import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
@@ -177,35 +177,16 @@ def bench_memory_bound(impls_by_op: dict, copy_gbs: float) -> list[dict]:
 
             t_fwd = do_bench(fwd, warmup=50, rep=300, return_mode="median")
             t_all = do_bench(fwd_bwd, warmup=50, rep=300, return_mode="median")
-            g_fwd, g_all = _graph_ms(fwd), _graph_ms(fwd_bwd)
-            for pass_, ms, graph_ms, nbytes in [
-                ("fwd", t_fwd, g_fwd, fwd_bytes),
-                ("bwd", t_all - t_fwd, g_all - g_fwd if g_all and g_fwd else None, bwd_bytes),
-            ]:
+            for pass_, ms, nbytes in [("fwd", t_fwd, fwd_bytes), ("bwd", t_all - t_fwd, bwd_bytes)]:
                 gbs = nbytes / ms / 1e6
                 rows.append(
                     {"op": op, "pass": pass_, "impl": name, "us": ms * 1e3, "gbs": gbs,
-                     "pct_copy": 100 * gbs / copy_gbs,
-                     "graph_us": graph_ms * 1e3 if graph_ms else None,
-                     "graph_pct_copy": 100 * nbytes / graph_ms / 1e6 / copy_gbs if graph_ms else None}
+                     "pct_copy": 100 * gbs / copy_gbs}
                 )  # fmt: skip
-                print(f"{op} {pass_} {name}: {ms * 1e3:.1f} us, {gbs:.0f} GB/s; in a CUDA graph "
-                      f"{graph_ms * 1e3 if graph_ms else float('nan'):.1f} us", flush=True)  # fmt: skip
+                print(f"{op} {pass_} {name}: {ms * 1e3:.1f} us, {gbs:.0f} GB/s", flush=True)
             del args, diff, outs, grads
             torch.cuda.empty_cache()
     return rows
-
-
-def _graph_ms(fn) -> float | None:
-    """GPU time of `fn` replayed from a CUDA graph: no host launch cost (autograd and Python
-    take longer to launch these ~100 us kernels than the kernels take to run on this host).
-    None when the implementation cannot be captured."""
-    try:
-        return do_bench_cudagraph(fn, rep=100, return_mode="median")
-    except Exception as exc:  # an implementation the graph capture refuses: say so, keep going
-        print(f"  (no CUDA graph: {type(exc).__name__}: {str(exc)[:80]})", flush=True)
-        torch.cuda.synchronize()
-        return None
 
 
 def lce_table(rows: list[dict]) -> list[str]:
@@ -225,15 +206,13 @@ def lce_table(rows: list[dict]) -> list[str]:
 
 def memory_bound_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| op | pass | implementation | time us | GB/s | % of D2D copy | CUDA graph us | % |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| op | pass | implementation | time us | GB/s | % of D2D copy |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
     ]
     for r in rows:
-        graph = r.get("graph_us")
-        tail = f"{graph:.1f} | {r['graph_pct_copy']:.0f}" if graph else "- | -"
         lines.append(
             f"| {r['op']} | {r['pass']} | {r['impl']} | {r['us']:.1f} | {r['gbs']:.0f} "
-            f"| {r['pct_copy']:.0f} | {tail} |"
+            f"| {r['pct_copy']:.0f} |"
         )
     return lines
 
@@ -526,8 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         + lce_table(lce_rows)
         + [
             "",
-            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16 (time: launched from "
-            "Python, host included; CUDA graph: replayed, GPU time only)",
+            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16, graph replay",
             "",
         ]
         + memory_bound_table(mb_rows)
