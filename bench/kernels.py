@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         + lce_table(lce_rows)
         + [
             "",
-            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16, graph replay",
+            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16 (launched from Python: the host launch cost is included)",
             "",
         ]
         + memory_bound_table(mb_rows)
