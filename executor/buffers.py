@@ -25,7 +25,8 @@ from slide_ir.model import ModelSpec
 
 log = logging.getLogger("executor.buffers")
 
-NOT_ALLOCATED = ("gpu_context", "host_runtime", "gpu_workspace", "gpu_lce")
+# not buffers of the run: the runtime, workspaces torch allocates, the final state's host copy
+NOT_ALLOCATED = ("gpu_context", "host_runtime", "gpu_workspace", "gpu_lce", "host_handback")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -205,6 +205,7 @@ def _drive(
     if env.cuda:
         torch.cuda.synchronize(env.device)
     weights, moments = run.extract()
+    loop.sample_memory()  # the host copy of GPU-kept state is part of the run's peak
     done = len(loop.losses)
     trace = Trace(
         spans=shared.recorder.spans(done),
@@ -269,13 +270,17 @@ class _MainLoop:
             if self.stop and step == self.fed:
                 return
 
+    def sample_memory(self, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        self.samples.extend(self.run_.memory_sample(now - self.shared.recorder.t0))
+
     def report(self, step: int) -> None:
         env, now = self.run_.env, time.perf_counter()
         loss = float(env.loss_host[step - 1])
         lr = env.optim.lr_at(self.start_step + step, env.total_steps)
         self.losses.append(loss)
         self.lrs.append(lr)
-        self.samples.extend(self.run_.memory_sample(now - self.shared.recorder.t0))
+        self.sample_memory(now)
         if not math.isfinite(loss):
             raise NonFiniteLossError(
                 f"step {self.start_step + step}: loss is {loss}; stopping (this step's update "

@@ -373,6 +373,7 @@ def _sliding_terms(
             static=True,
         )
     _streamed_staging_terms(terms, model, config, streamed)
+    _handback_terms(terms, config, sum(unit_params(model, u) for u in resident))
     host_layers = sum(1 for u in host_updated if 1 <= u <= n)
     if host_layers:
         g = landing_buffers(config, host_layers, streamed=bool(streamed))
@@ -489,7 +490,26 @@ def _gpu_only_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> Non
         f"{n_all:.4g} params x {per} B",
         static=True,
     )
+    _handback_terms(terms, config, n_all)
     _host_terms(terms)
+
+
+def _handback_terms(terms: _Terms, config: TrainConfig, params_on_gpu: int) -> None:
+    """A finished run hands its FP32 master weights and moments back to the caller (to save a
+    checkpoint): state that lives on the GPU is copied to host RAM then, while the run's own
+    buffers still exist (measured on the H200: RSS 93.0 GiB after an 8B run kept entirely on
+    the GPU, whose training needed 4 GiB of host RAM)."""
+    if params_on_gpu:
+        per = FP32 + config.moment_bytes
+        terms.add(
+            "host_handback",
+            Tier.CPU,
+            1,
+            params_on_gpu * per,
+            "final state handed back (fp32 master + moments of GPU-kept units)",
+            f"{params_on_gpu:.4g} params x {per} B",
+            static=True,
+        )
 
 
 def _host_terms(terms: _Terms) -> None:

@@ -201,3 +201,21 @@ def test_per_unit_clipping_reads_the_gradient_once_more(llama8b, pc):
     assert op.work.bytes - plain.work.bytes == 2 * llama8b.layer_params
     with pytest.raises(ValueError, match="clip must be one of none, per-unit"):
         TrainConfig(batch=1, seq=64, clip="global")
+
+
+def test_state_kept_on_the_gpu_is_counted_on_the_host_when_handed_back(llama8b):
+    """A finished run copies GPU-kept FP32 master weights and moments to host RAM for the caller
+    (12 B/param with FP32 moments); state already in host RAM is handed over without a copy."""
+    h200 = load_machine("h200-16c-128g")
+    resident = plan(llama8b, h200, TrainConfig(batch=8, seq=1024, resident="auto"))
+    assert len(resident.ledger.resident) == llama8b.num_layers + 2
+    handback = resident.ledger.breakdown("cpu")[
+        "final state handed back (fp32 master + moments of GPU-kept units)"
+    ]
+    assert handback == 12 * llama8b.total_params
+    bf16 = TrainConfig(batch=8, seq=1024, resident=2, moments_dtype="bf16", activations="cpu")
+    two = build_ledger(llama8b, h200, bf16, resident=(0, 1))
+    held = two.breakdown("cpu")["final state handed back (fp32 master + moments of GPU-kept units)"]
+    assert held == 8 * (llama8b.embedding_params + llama8b.layer_params)
+    sliding = plan(llama8b, h200, TrainConfig(batch=8, seq=1024, streamed=4))
+    assert not any("handed back" in label for label in sliding.ledger.breakdown("cpu"))
