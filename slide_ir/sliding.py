@@ -107,15 +107,9 @@ class _Micro:
         pool = "gpu_units" if 1 <= unit <= ctx.n else f"gpu_{unit_group(ctx, unit)}"
         what = "w.h2d" if self.phase == "fwd" else "w.h2d.bwd"
         op_id = ctx.oid(self.step, self.micro, unit, what)
-        (slot,) = ctx.b.emit(
-            op_id,
-            K.H2D_PARAM,
-            "h2d",
-            step=self.step,
-            layer=unit,
-            work=Work(bytes=param_bytes(ctx, unit)),
-            deps=[ctx.last_update.get(unit)],
-            acquire=[pool],
+        after = ctx.last_update.get(unit)
+        slot = _upload(
+            ctx, op_id, K.H2D_PARAM, self.step, unit, param_bytes(ctx, unit), after, pool
         )
         ctx.unit_slot[unit], ctx.weights_ready[unit] = slot, op_id
 
@@ -227,17 +221,9 @@ class _StateTraffic:
         ctx = self.ctx
         self.to_upload.remove(unit)
         self.sent += _state_bytes(ctx, unit)
-        op_id = ctx.sid(self.step, unit, "opt.h2d")
-        (slot,) = ctx.b.emit(
-            op_id,
-            K.OPT_H2D,
-            "h2d",
-            step=self.step,
-            layer=unit,
-            work=Work(bytes=_state_bytes(ctx, unit)),
-            deps=[ctx.state_ready.get(unit)],
-            acquire=[f"gpu_opt_{unit_group(ctx, unit)}"],
-        )
+        op_id, pool = ctx.sid(self.step, unit, "opt.h2d"), f"gpu_opt_{unit_group(ctx, unit)}"
+        after = ctx.state_ready.get(unit)
+        slot = _upload(ctx, op_id, K.OPT_H2D, self.step, unit, _state_bytes(ctx, unit), after, pool)
         ctx.opt_slot[unit], ctx.opt_ready[unit] = slot, op_id
 
     def updated(self, unit: int) -> None:
@@ -257,6 +243,22 @@ class _StateTraffic:
                    work=Work(bytes=_state_bytes(ctx, unit)), deps=[ctx.sid(step, unit, "gpu_adam")],
                    release=[ctx.opt_slot.pop(unit)])  # fmt: skip
         ctx.state_ready[unit] = op_id
+
+
+def _upload(
+    ctx: Ctx,
+    op_id: str,
+    kind: OpKind,
+    step: int,
+    unit: int,
+    nbytes: int,
+    after: str | None,
+    pool: str,
+) -> str:
+    """An `h2d` copy of `nbytes` into a slot of `pool` once `after` is done; returns the slot."""
+    (slot,) = ctx.b.emit(op_id, kind, "h2d", step=step, layer=unit, work=Work(bytes=nbytes),
+                         deps=[after], acquire=[pool])  # fmt: skip
+    return slot
 
 
 def _state_bytes(ctx: Ctx, unit: int) -> int:
