@@ -74,10 +74,14 @@ def state_pace(model: ModelSpec, machine: Machine, config: TrainConfig) -> State
     """With the layer inputs on the GPU the next forward and loss leave `d2h` idle: state
     downloads can spill into them. Saved to the host, the inputs need the lane."""
     cost = CostModel(machine, cpu_threads=config.cpu_threads)
-    spill = 0.0
-    if config.activations == "gpu":
-        spill = model.num_layers * _layer_s(model, config, cost) + _loss_s(model, config, cost)
-    return StatePace(spill_s=spill, link_bytes_per_s=cost.rates.link)
+    return StatePace(spill_s=_spill_s(model, config, cost), link_bytes_per_s=cost.rates.link)
+
+
+def _spill_s(model: ModelSpec, config: TrainConfig, cost: CostModel) -> float:
+    """How long the next forward and loss leave `d2h` free for state downloads."""
+    if config.activations != "gpu":
+        return 0.0
+    return model.num_layers * _layer_s(model, config, cost) + _loss_s(model, config, cost)
 
 
 def _layer_s(model: ModelSpec, config: TrainConfig, cost: CostModel) -> float:
@@ -122,9 +126,8 @@ def estimate_step_s(
         return max(t_fwd + n * bwd + loss, t_cpu + t_fwd, t_link)
     layers = sum(1 for u in sliding if 1 <= u <= n)
     streamed_layers = sum(1 for u in streamed if 1 <= u <= n)
-    spill = n * fwd + loss if config.activations == "gpu" else 0.0
     downloads = sum(down[u] - act for u in streamed) / link
-    tail_layers = max(streamed_layers * bwd, downloads - spill)
+    tail_layers = max(streamed_layers * bwd, downloads - _spill_s(model, config, cost))
     t_up = sum(up[u] - BF16 * params[u] for u in sliding) / link  # all but the forward's weights
     t_bwd = max(loss + (layers - streamed_layers) * bwd + tail_layers, t_up)
     # a streamed embedding's new weights: down, then up again, before the next forward
