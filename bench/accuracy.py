@@ -4,7 +4,8 @@ Input: measured traces (from bench/train_throughput.py --traces; they carry the 
 samples) and a machine profile (the calibrated one). Each measured trace's plan is
 re-planned with the profile and simulated; the script prints markdown tables:
 - per configuration: step time, eta, GPU peak, CPU peak (predicted vs measured, error), the
-  per-lane busy-time error;
+  per-lane busy-time error, and the spread of the host update's busy time over the steps (a
+  large one flags a run the host disturbed);
 - per op kind: measured / predicted mean duration (which cost-model term is off).
 
     python -m bench.accuracy --traces traces/ --machine h200.toml
@@ -34,6 +35,19 @@ def busy(trace: Trace, steps: set[int]) -> dict[str, float]:
         if s.step in steps:
             out[s.lane] += s.end - s.start
     return dict(out)
+
+
+def update_spread(trace: Trace, steps: set[int]) -> float:
+    """(max - min) / median of the `cpu` lane's busy seconds per step: every step updates the
+    same units, so a spread says the host was disturbed during the run, not the model off."""
+    per: dict[int, float] = defaultdict(float)
+    for s in trace.spans:
+        if s.step in steps and s.lane == "cpu":
+            per[s.step] += s.end - s.start
+    if not per:
+        return 0.0
+    values = list(per.values())
+    return (max(values) - min(values)) / statistics.median(values)
 
 
 def kind_means(trace: Trace, steps: set[int]) -> dict[str, float]:
@@ -83,9 +97,9 @@ def main() -> None:
     machine = load_machine(args.machine)
     ratios: dict[str, list[float]] = defaultdict(list)
     print(
-        "| config | step time pred / meas | eta pred / meas | GPU peak pred / meas | CPU peak pred / meas | lane busy error |"
+        "| config | step time pred / meas | eta pred / meas | GPU peak pred / meas | CPU peak pred / meas | lane busy error | host update spread |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for path in sorted(args.traces.glob("*.trace.json")):
         measured = Trace.from_json(path.read_text())
         info = measured.info
@@ -107,7 +121,7 @@ def main() -> None:
             f"| {pm.eta:.2f} / {mm.eta:.2f} ({err(pm.eta, mm.eta)}) "
             f"| {gpu_pred / 2**30:.1f} / {gpu_meas / 2**30:.1f} GiB ({err(gpu_pred, gpu_meas)}) "
             f"| {cpu_pred / 2**30:.1f} / {cpu_meas / 2**30:.1f} GiB ({err(cpu_pred, cpu_meas)}) "
-            f"| {lanes} |"
+            f"| {lanes} | {update_spread(measured, steady):.0%} |"
         )
         pk, mk = kind_means(sim.trace, steady), kind_means(measured, steady)
         for kind, value in mk.items():

@@ -6,7 +6,8 @@
   peak extra memory (max_memory_allocated during the step minus what was allocated before it;
   the returned gradients count).
 - RMSNorm, RoPE, SwiGLU at Llama-3.1-8B shapes for 16 x 1024 tokens, bf16: forward and backward
-  time and achieved bandwidth (the bytes each pass must read and write, over its time), against a
+  time, both wall (do_bench of the Python launch) and GPU (torch.profiler's device time), and
+  the achieved bandwidth (the bytes each pass must read and write, over its GPU time), against a
   device-to-device copy measured in the same run.
 - Backward kernels alone (no autograd, no host): RMSNorm and RoPE, slide only.
 - --sweep: slide's launch settings (the module constants, set one at a time), and the LCE's
@@ -33,6 +34,8 @@ import os  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 import kernels  # noqa: E402
@@ -65,6 +68,22 @@ def copy_bandwidth(nbytes: int) -> float:
     dst = torch.empty_like(src)
     ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
     return 2 * nbytes / ms / 1e6
+
+
+def gpu_ms(fn, iters: int = 50) -> float:
+    """Milliseconds of GPU work per call of fn: the durations of the device activity (kernels,
+    memsets, copies) torch.profiler records over `iters` calls, summed. Unlike do_bench's wall
+    time it leaves out the host's launch path, which on a slow host can be longer than the
+    kernels (RoPE's backward: 364 us wall for 88 us of kernel, 2026-11-29)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return sum(e.time_range.elapsed_us() for e in device) / iters / 1e3
 
 
 def step_memory(step) -> float:
@@ -177,13 +196,19 @@ def bench_memory_bound(impls_by_op: dict, copy_gbs: float) -> list[dict]:
 
             t_fwd = do_bench(fwd, warmup=50, rep=300, return_mode="median")
             t_all = do_bench(fwd_bwd, warmup=50, rep=300, return_mode="median")
-            for pass_, ms, nbytes in [("fwd", t_fwd, fwd_bytes), ("bwd", t_all - t_fwd, bwd_bytes)]:
-                gbs = nbytes / ms / 1e6
+            g_fwd, g_all = gpu_ms(fwd), gpu_ms(fwd_bwd)
+            passes = [
+                ("fwd", t_fwd, g_fwd, fwd_bytes),
+                ("bwd", t_all - t_fwd, g_all - g_fwd, bwd_bytes),
+            ]
+            for pass_, ms, g_ms, nbytes in passes:
+                gbs = nbytes / g_ms / 1e6
                 rows.append(
-                    {"op": op, "pass": pass_, "impl": name, "us": ms * 1e3, "gbs": gbs,
-                     "pct_copy": 100 * gbs / copy_gbs}
+                    {"op": op, "pass": pass_, "impl": name, "us": ms * 1e3, "gpu_us": g_ms * 1e3,
+                     "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs}
                 )  # fmt: skip
-                print(f"{op} {pass_} {name}: {ms * 1e3:.1f} us, {gbs:.0f} GB/s", flush=True)
+                print(f"{op} {pass_} {name}: {ms * 1e3:.1f} us wall, {g_ms * 1e3:.1f} us GPU, "
+                      f"{gbs:.0f} GB/s", flush=True)  # fmt: skip
             del args, diff, outs, grads
             torch.cuda.empty_cache()
     return rows
@@ -206,13 +231,13 @@ def lce_table(rows: list[dict]) -> list[str]:
 
 def memory_bound_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| op | pass | implementation | time us | GB/s | % of D2D copy |",
-        "| --- | --- | --- | ---: | ---: | ---: |",
+        "| op | pass | implementation | wall us | GPU us | GB/s (GPU) | % of D2D copy |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['op']} | {r['pass']} | {r['impl']} | {r['us']:.1f} | {r['gbs']:.0f} "
-            f"| {r['pct_copy']:.0f} |"
+            f"| {r['op']} | {r['pass']} | {r['impl']} | {r['us']:.1f} | {r['gpu_us']:.1f} "
+            f"| {r['gbs']:.0f} | {r['pct_copy']:.0f} |"
         )
     return lines
 
@@ -445,11 +470,11 @@ def bench_kernels_alone(copy_gbs: float) -> list[dict]:
     }  # fmt: skip
     rows = []
     for op, (fn, nbytes) in timed.items():
-        ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
-        gbs = nbytes / ms / 1e6
+        ms, g_ms = do_bench(fn, warmup=50, rep=300, return_mode="median"), gpu_ms(fn)
+        gbs = nbytes / g_ms / 1e6
         rows.append({"op": op, "pass": "bwd", "impl": "slide, kernel alone", "us": ms * 1e3,
-                     "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs})  # fmt: skip
-        print(f"{op} bwd kernel alone: {ms * 1e3:.1f} us, {gbs:.0f} GB/s", flush=True)
+                     "gpu_us": g_ms * 1e3, "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs})  # fmt: skip
+        print(f"{op} bwd kernel alone: {ms * 1e3:.1f} us wall, {g_ms * 1e3:.1f} us GPU", flush=True)
     return rows
 
 
@@ -505,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         + lce_table(lce_rows)
         + [
             "",
-            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16 (launched from Python: the host launch cost is included)",
+            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16 (wall: do_bench of the launch from Python, host included; GPU: the profiler's device time, which the bandwidth uses)",
             "",
         ]
         + memory_bound_table(mb_rows)

@@ -32,7 +32,7 @@ from kernels import reference
 from kernels._common import log, use_triton
 
 # Chunk policy (lce_chunk_size); the defaults are set from `python -m bench.kernels --sweep`.
-LCE_CHUNK_BUDGET_BYTES = 512 << 20  # cap on one chunk's logits: C x V x itemsize
+LCE_CHUNK_BUDGET_BYTES = 2 << 30  # cap on one chunk's logits: C x V x itemsize
 LCE_CHUNK_EAGER_DIVISOR = 48  # and at most 1/48 of torch eager's peak (T x V x 12 bytes)
 LOGITS_FP32 = False  # True: fp32 chunk logits for bf16 inputs (twice the bytes per token)
 ACCUMULATE_FP32 = False  # True: d(weight) summed in an fp32 (V, H) buffer, cast at the end
@@ -102,11 +102,13 @@ def lce_chunk_size(
         d(weight), accumulated in place            V x H x 2        (returned: counts in the peak)
         d(hidden)                                  T x H x 2
     Llama 3 (V = 128256, H = 4096), divisor 48: C = T / 8 (C x V x 2 = T x V / 4 = 2% of eager's),
-    capped by 512 MiB at C = 2048 from T = 16384 on. At T = 8192: C = 1024, peak 0.98 + 0.24 +
+    capped by 2 GiB at C = 8192 from T = 65536 on. At T = 8192: C = 1024, peak 0.98 + 0.24 +
     0.06 = 1.29 GiB = 11% of eager's 11.74 (target 12%); the fixed V x H x 2 alone is 12% of
     eager's at T = 5700, so no chunk meets the target below that. Larger C keeps the GEMMs big:
     the d(weight) GEMM reads and writes its bf16 sum (4 V H bytes) once per chunk for 2 C V H
-    FLOPs, C / 2 FLOP per byte (H200 ridge ~200, so C >= ~1024 hides it under the math).
+    FLOPs, C / 2 FLOP per byte (H200 ridge ~200, so C >= ~1024 hides it under the math). At
+    T = 65536 on the H200 (2026-11-30), C = 8192 took 313.7-317.3 ms against 321.1-322.5 at
+    C = 2048 (liger: 320.2-320.8); fewer chunks also mean fewer bf16 roundings of d(weight).
     Rounded down to a multiple of 128 (the GEMM tile), at least 128, at most n_tokens.
     """
     budget = min(budget_bytes, n_tokens * vocab * 12 // eager_divisor)

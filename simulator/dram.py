@@ -80,5 +80,6 @@ def dma_loads(trace: Trace, op_ids: list[str]) -> dict[str, float]:
             out[op_id] = 1.0
             continue
         busy = sum(b.until(s.end) - b.until(s.start) for b in lanes)
-        out[op_id] = min(1.0, busy / (len(lanes) * (s.end - s.start)))
+        # clamped: differences of float prefix sums can stray an ulp outside [0, 1]
+        out[op_id] = min(1.0, max(0.0, busy / (len(lanes) * (s.end - s.start))))
     return out

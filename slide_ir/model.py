@@ -221,21 +221,24 @@ class ModelSpec:
     def layer_saved_terms(self, batch: int, seq: int) -> dict[str, int]:
         """Bytes autograd keeps for one layer's recomputed forward (checkpoint input excluded).
 
-        Assumes fused RMSNorm (saves its input + fp32 rstd), FlashAttention (saves q, k, v, out,
-        fp32 logsumexp) and a SwiGLU MLP computed as in transformers (silu(gate) and the product
-        both saved). RoPE saves only cos/sin (a few KB, ignored).
+        Assumes the executor's layer (`executor.layers`): fused RMSNorm (saves its input + fp32
+        rstd), one q/k/v projection whose output stays alive as long as v (a view of it) is
+        saved, out-of-place RoPE (saves only cos/sin, a few KB, ignored), FlashAttention (saves
+        q, k, v, out, fp32 logsumexp) and the fused SwiGLU (saves gate and up, not silu(gate)).
+        On the H200 (2026-11-30) a recomputed layer held exactly these bytes (llama-3.2-3b,
+        llama-3.1-8b, qwen3-8b; `bench/layer_memory.py`, bench/RESULTS.md).
         """
         t, h, i = batch * seq, self.hidden_size, self.intermediate_size
         terms = {
             "norm1.out": t * h * _BF16,  # input of q/k/v proj, kept for their weight grads
             "norm.rstd": 2 * t * _FP32,  # 1/rms per token, both RMSNorms
-            "qkv": t * (self.q_dim + 2 * self.kv_dim) * _BF16,  # post-RoPE q, k and v, for FA
+            "qkv": t * (self.q_dim + 2 * self.kv_dim) * _BF16,  # projection output (v is a view)
+            "qk.rope": t * (self.q_dim + self.kv_dim) * _BF16,  # post-RoPE q and k, for FA
             "attn.out": t * self.q_dim * _BF16,  # FA output = o_proj input (one tensor)
             "attn.lse": batch * self.num_heads * seq * _FP32,  # FA logsumexp per (head, query)
             "resid": t * h * _BF16,  # x + o_proj(attn): input of the post-attention norm
             "norm2.out": t * h * _BF16,  # input of gate/up proj
-            "mlp.gate_up": 2 * t * i * _BF16,  # gate (for silu') and up (for the product)
-            "mlp.act": t * i * _BF16,  # silu(gate), kept by the product
+            "mlp.gate_up": 2 * t * i * _BF16,  # gate and up, for the fused SwiGLU's backward
             "mlp.prod": t * i * _BF16,  # silu(gate)*up = down_proj input
             "out": t * h * _BF16,  # layer output, held by the caller until backward returns
         }
@@ -248,23 +251,26 @@ class ModelSpec:
         """Peak activation bytes inside one layer during recompute + backward, bf16.
 
         Saved tensors (`layer_saved_terms`) plus the gradient buffers alive at the worst of two
-        moments; weight grads land in the cache-unit slot and are not counted here.
-        - SwiGLU backward: down_proj's node has run and freed `mlp.prod`; alive are the incoming
-          grad d_out, d_prod, and the product node's two outputs d_act and d_up.
-        - Attention backward: the MLP's tensors are freed; alive are d_out, d_resid, d_attn_out,
+        moments; weight grads land in the cache-unit slot, and the incoming gradient d_out and
+        d_x in the hidden-gradient slots (ledger terms of their own), so neither counts here.
+        - SwiGLU backward: down_proj's node has run and freed `mlp.prod`; alive are d_prod and
+          the SwiGLU node's two outputs d_gate and d_up.
+        - Attention backward: the MLP's tensors are freed; alive are d_resid, d_attn_out,
           dq/dk/dv and FlashAttention-2's fp32 dq accumulator plus its fp32 row scratch.
         For every catalog model the SwiGLU moment is the larger (intermediate >= 2.3 x hidden).
+        Measured on the H200 (2026-11-30, `bench/layer_memory.py`): 2.002 GiB for llama-3.2-3b at
+        16 x 1024 tokens (this: 2.002), 3.158 for llama-3.1-8b (3.158), 3.005 for qwen3-8b.
         """
         t, h, i = batch * seq, self.hidden_size, self.intermediate_size
         saved = self.layer_saved_terms(batch, seq)
         total = sum(saved.values())
-        mlp_peak = total - saved["mlp.prod"] + t * (h + 3 * i) * _BF16
+        mlp_peak = total - saved["mlp.prod"] + t * 3 * i * _BF16
         mlp_saved = (
             saved["resid"]
             + saved["norm2.out"]
             + sum(v for k, v in saved.items() if k.startswith("mlp."))
         )
-        attn_grads = t * (2 * h + 2 * self.q_dim + 2 * self.kv_dim) * _BF16
+        attn_grads = t * (h + 2 * self.q_dim + 2 * self.kv_dim) * _BF16
         fa_scratch = t * self.q_dim * _FP32 + saved["attn.lse"]
         attn_peak = total - mlp_saved + attn_grads + fa_scratch
         return max(mlp_peak, attn_peak)

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     stamp = f"measured: {device}, {datetime.date.today().isoformat()}, slide calibrate"
     cores = len(os.sched_getaffinity(0))
     threads = default_optimizer_threads()  # the executor's optimizer threads on a CUDA host
+    layer = model.layer_params  # the host update's unit
     probes = {
         "matmul": lambda: cal.matmul_rate(model),
         "attention": lambda: cal.attention_rate(model),
@@ -59,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
         "elementwise": lambda: cal.elementwise_rate(model),
         "gpu_adam": cal.gpu_adam_rate,
         "link": cal.link_rates,
-        "adam_all": lambda: cal.adam_rate(threads),
-        "adam_half": lambda: cal.adam_rate(max(1, threads // 2)),
-        "adam_under_dma": lambda: cal.adam_rate(threads, under_dma=True),
+        "adam_all": lambda: cal.adam_rate(threads, layer),
+        "adam_half": lambda: cal.adam_rate(max(1, threads // 2), layer),
+        "adam_under_dma": lambda: cal.adam_rate(threads, layer, under_dma=True),
         "cast": lambda: cal.cast_rate(cores),
     }
     if args.nvme_dir:

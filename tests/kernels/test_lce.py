@@ -126,15 +126,16 @@ def test_lce_float64_on_cpu_falls_back_to_the_reference():
 
 
 def test_chunk_size_follows_the_memory_budget():
-    # bf16 logits: T / 8 tokens (1/48 of eager's T x V x 12 bytes), at most 512 MiB of logits
+    # bf16 logits: T / 8 tokens (1/48 of eager's T x V x 12 bytes), at most 2 GiB of logits
     assert lce_chunk_size(8192, 128256) == 1024
-    assert lce_chunk_size(65536, 128256) == 2048  # 2048 x 128256 x 2 B = 0.49 GiB <= 0.5 GiB
+    assert lce_chunk_size(65536, 128256) == 8192  # 8192 x 128256 x 2 B = 1.96 GiB <= 2 GiB
+    assert lce_chunk_size(131072, 128256) == 8320  # the 2 GiB cap, a multiple of 128
     assert lce_chunk_size(8192, 128256, 4) == 512  # fp32 logits: half the tokens
     assert lce_chunk_size(65536, 128256, budget_bytes=1 << 28) == 1024
     assert lce_chunk_size(8192, 128256, eager_divisor=96) == 512
     assert lce_chunk_size(100, 128256) == 100  # never more than the tokens
     assert lce_chunk_size(1000, 128256) == 128  # at least one GEMM tile
-    assert lce_chunk_size(10**6, 32000) == 8320  # 8320 x 32000 x 2 B <= 512 MiB, a multiple of 128
+    assert lce_chunk_size(10**6, 32000) == 33536  # 33536 x 32000 x 2 B <= 2 GiB, a multiple of 128
 
 
 def test_default_chunk_meets_the_memory_target_at_8192_tokens():
