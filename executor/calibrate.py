@@ -268,6 +268,16 @@ class _DmaLoad:
 
 
 ADAM_UNITS = 4  # units the host-update probe walks through in turn, as a step walks its layers
+ADAM_BYTES_PER_ELEMENT = 16  # FP32 master + two moments, BF16 gradient and output
+ADAM_RAM_SHARE = 8  # the probe's units take at most 1/8 of the host's RAM
+
+
+def host_update_unit(layer_params: int, units: int = ADAM_UNITS) -> int:
+    """Elements per unit of the host-update probe: one decoder layer, shrunk so that `units` of
+    them fit in 1/ADAM_RAM_SHARE of the host's RAM (a 405B layer is 3.2e9 elements: four would
+    take 205 GB)."""
+    fit = host_ram_bytes() // (ADAM_RAM_SHARE * units * ADAM_BYTES_PER_ELEMENT)
+    return max(1, min(layer_params, fit))
 
 
 def adam_rate(

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     stamp = f"measured: {device}, {datetime.date.today().isoformat()}, slide calibrate"
     cores = len(os.sched_getaffinity(0))
     threads = default_optimizer_threads()  # the executor's optimizer threads on a CUDA host
-    layer = model.layer_params  # the host update's unit
+    layer = cal.host_update_unit(model.layer_params)  # the host update's unit
     probes = {
         "matmul": lambda: cal.matmul_rate(model),
         "attention": lambda: cal.attention_rate(model),

@@ -37,3 +37,9 @@ def test_calibrated_profile_loads(tmp_path):
         src.startswith("measured") or "datasheet" in src or src.startswith("http")
         for src in dict(machine.sources).values()
     )
+
+
+def test_host_update_unit_is_a_layer_capped_by_the_hosts_ram():
+    assert cal.host_update_unit(1000) == 1000
+    huge = cal.host_update_unit(10**13)  # no host holds four such units
+    assert huge * cal.ADAM_UNITS * cal.ADAM_BYTES_PER_ELEMENT <= cal.host_ram_bytes() // 8
