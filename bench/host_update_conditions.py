@@ -18,31 +18,20 @@ from collections.abc import Callable
 
 import torch
 
-from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_host
-from executor.buffers import HostMemory, OptState
-from executor.calibrate import _DmaLoad, _WholeBuffer
+from executor.adam import AdamWConfig, HostScratch, StepHp, update_host
+from executor.buffers import HostMemory
+from executor.calibrate import HostUnit, _DmaLoad, _WholeBuffer, host_update_units
 
 LAYER = 100_663_296  # one llama-3.2-3b decoder layer
 THREADS = 12
 HP = StepHp(step=3, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
-Unit = tuple[torch.Tensor, list[Part], torch.Tensor]
-
-
-def make_units(count: int, elements: int, memory: HostMemory) -> list[Unit]:
-    units = []
-    for _ in range(count):
-        state = OptState(
-            master=torch.full((elements,), 0.01), m=torch.zeros(elements), v=torch.zeros(elements)
-        )
-        grad = memory.empty(elements, torch.bfloat16).fill_(1e-3)
-        units.append(
-            (grad, [Part(lo=0, hi=elements, state=state)], memory.empty(elements, torch.bfloat16))
-        )
-    return units
 
 
 def rate(
-    units: list[Unit], *, in_thread: bool, beside: Callable[[threading.Event], None] | None = None
+    units: list[HostUnit],
+    *,
+    in_thread: bool,
+    beside: Callable[[threading.Event], None] | None = None,
 ) -> float:
     """Median elements/s of one unit's update over two passes (after a warm-up pass)."""
     n = units[0][0].numel()
@@ -87,12 +76,12 @@ def gpu_lane(stop: threading.Event) -> None:
 def main() -> None:
     pageable, pinned = HostMemory(pin=False), HostMemory(pin=True)
     print(
-        f"one 64M buffer, main thread: {rate(make_units(1, 64 << 20, pageable) * 4, in_thread=False):.3g} elem/s"
+        f"one 64M buffer, main thread: {rate(host_update_units(1, 64 << 20, pageable) * 4, in_thread=False):.3g} elem/s"
     )
     print(
-        f"6 layers in turn, pageable: {rate(make_units(6, LAYER, pageable), in_thread=False):.3g}"
+        f"6 layers in turn, pageable: {rate(host_update_units(6, LAYER, pageable), in_thread=False):.3g}"
     )
-    layers = make_units(6, LAYER, pinned)
+    layers = host_update_units(6, LAYER, pinned)
     print(f"6 layers, pinned grads/out: {rate(layers, in_thread=False):.3g}")
     print(f"  ... from a lane thread: {rate(layers, in_thread=True):.3g}")
     print(f"  ... lane thread beside GPU work: {rate(layers, in_thread=True, beside=gpu_lane):.3g}")

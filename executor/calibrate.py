@@ -19,7 +19,11 @@ from pathlib import Path
 
 import torch
 
+from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_device, update_host
+from executor.buffers import HostMemory, OptState
 from slide_ir.model import ModelSpec
+
+HostUnit = tuple[torch.Tensor, list[Part], torch.Tensor]  # gradient, state parts, output
 
 MB = 1 << 20
 
@@ -165,8 +169,6 @@ def elementwise_rate(model: ModelSpec, tokens: int = 16384) -> Figure:
 def gpu_adam_rate(elements: int = 64 * MB) -> Figure:
     """The executor's device AdamW (`executor.adam.update_device`) on one unit: BF16 grads in,
     FP32 master and moments, BF16 weights out."""
-    from executor.adam import AdamWConfig, StepHp, update_device
-    from executor.buffers import OptState
 
     state = OptState(
         master=torch.rand(elements, device="cuda"),
@@ -280,6 +282,21 @@ def host_update_unit(layer_params: int, units: int = ADAM_UNITS) -> int:
     return max(1, min(layer_params, fit))
 
 
+def host_update_units(count: int, elements: int, memory: HostMemory) -> list[HostUnit]:
+    """`count` units of `elements` as the executor holds them for the host update: FP32 master
+    and moments pageable, the BF16 gradient and output from `memory` (pinned when it pins)."""
+
+    units = []
+    for _ in range(count):
+        state = OptState(
+            master=torch.full((elements,), 0.01), m=torch.zeros(elements), v=torch.zeros(elements)
+        )
+        grad = memory.empty(elements, torch.bfloat16).fill_(1e-3)
+        out = memory.empty(elements, torch.bfloat16)
+        units.append((grad, [Part(lo=0, hi=elements, state=state)], out))
+    return units
+
+
 def adam_rate(
     threads: int, elements: int = 64 * MB, *, units: int = ADAM_UNITS, under_dma: bool = False
 ) -> Figure:
@@ -295,18 +312,9 @@ def adam_rate(
     six 3B layers in turn with pinned gradients ran 3.19e9 elem/s from the main thread and
     2.31e9 from a thread of its own; the old probe (one 64M-element buffer, main thread) read
     2.64e9. This probe's 1.99e9 on that day's calibration lease matched the executor's steps."""
-    from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_host
-    from executor.buffers import HostMemory, OptState
 
     memory = HostMemory(pin=torch.cuda.is_available())
-    work = []
-    for _ in range(units):
-        state = OptState(
-            master=torch.full((elements,), 0.01), m=torch.zeros(elements), v=torch.zeros(elements)
-        )
-        grad = memory.empty(elements, torch.bfloat16).fill_(1e-3)
-        out = memory.empty(elements, torch.bfloat16)
-        work.append((grad, [Part(lo=0, hi=elements, state=state)], out))
+    work = host_update_units(units, elements, memory)
     hp = StepHp(step=1, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
     layout = _WholeBuffer(elements)
 
