@@ -6,7 +6,9 @@
   peak extra memory (max_memory_allocated during the step minus what was allocated before it;
   the returned gradients count).
 - RMSNorm, RoPE, SwiGLU at Llama-3.1-8B shapes for 16 x 1024 tokens, bf16: forward and backward
-  time, both wall (do_bench of the Python launch) and GPU (torch.profiler's device time), and
+  time, both wall (do_bench of the Python launch) and GPU (torch.profiler's device time, each
+  call after the same idle gap, median over rounds in which the implementations take turns on
+  the same input sets), and
   the achieved bandwidth (the bytes each pass must read and write, over its GPU time), against a
   device-to-device copy measured in the same run.
 - Backward kernels alone (no autograd, no host): RMSNorm and RoPE, slide only.
@@ -31,6 +33,7 @@ import functools  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import statistics  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -70,7 +73,15 @@ def copy_bandwidth(nbytes: int) -> float:
     return 2 * nbytes / ms / 1e6
 
 
-def gpu_ms(fn, iters: int = 50) -> float:
+# GPU idle before each timed call, as a spin kernel's cycles (~1 ms at the H200's 1.98 GHz): longer
+# than any implementation's host launch path, so every call starts on an idle, settled GPU
+# whatever the host costs (back to back, a faster host path made the same kernel slower:
+# RMSNorm forward 66.8 us against 66.2 with a gap, 2026-11-30)
+GAP_CYCLES = 2_000_000
+SPIN_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel, left out of the sum
+
+
+def gpu_ms(fn, iters: int = 50, gap_cycles: int = GAP_CYCLES) -> float:
     """Milliseconds of GPU work per call of fn: the durations of the device activity (kernels,
     memsets, copies) torch.profiler records over `iters` calls, summed. Unlike do_bench's wall
     time it leaves out the host's launch path, which on a slow host can be longer than the
@@ -80,10 +91,16 @@ def gpu_ms(fn, iters: int = 50) -> float:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
+            if gap_cycles:
+                torch.cuda._sleep(gap_cycles)
             fn()
         torch.cuda.synchronize()
     device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return sum(e.time_range.elapsed_us() for e in device) / iters / 1e3
+    work = [e for e in device if SPIN_KERNEL not in e.name]
+    if gap_cycles and len(device) - len(work) != iters:
+        raise RuntimeError(f"gpu_ms: expected {iters} {SPIN_KERNEL} events, found "
+                           f"{len(device) - len(work)}")  # fmt: skip
+    return sum(e.time_range.elapsed_us() for e in work) / iters / 1e3
 
 
 def step_memory(step) -> float:
@@ -178,39 +195,68 @@ def _outputs(out):
     return out if isinstance(out, tuple) else (out,)
 
 
+GPU_ROUNDS = 3  # rounds of GPU timing; in each, every implementation runs on every input set
+INPUT_SETS = 3  # equal inputs at different addresses: where a tensor sits moves an op's GPU time
+# by up to 0.8 us (1.2%) at 66 us, as much as the gap between implementations (H200, 2026-11-30)
+
+
+def _timed_passes(fn, args: tuple, n_diff: int):
+    """(forward, forward + backward) closures over args, with output gradients drawn."""
+    diff = [a.requires_grad_() for a in args[:n_diff]]
+    grads = [torch.randn_like(o) for o in _outputs(fn(*args))]
+
+    def fwd():
+        return fn(*args)
+
+    def fwd_bwd():
+        torch.autograd.grad(_outputs(fn(*args)), diff, grads)
+
+    return fwd, fwd_bwd
+
+
 def bench_memory_bound(impls_by_op: dict, copy_gbs: float) -> list[dict]:
+    """Wall time once per implementation. GPU time: the median over rounds in which every
+    implementation runs on the same INPUT_SETS input sets in turn, so neither a drift of the
+    device over the run nor where an input happens to sit favours one of them. (Liger's RoPE
+    rotates its inputs in place; that changes their values, not the time.)"""
     rows = []
     gen = torch.Generator(device=DEV).manual_seed(0)
     for op, (make, n_diff, fwd_bytes, bwd_bytes) in memory_bound_cases(gen).items():
-        for name, fn in impls_by_op[op].items():
-            args = make()  # fresh inputs for every implementation (liger's RoPE works in place)
-            diff = [a.requires_grad_() for a in args[:n_diff]]
-            outs = _outputs(fn(*args))
-            grads = [torch.randn_like(o) for o in outs]
-
-            def fwd(fn=fn, args=args):
-                return fn(*args)
-
-            def fwd_bwd(fn=fn, args=args, diff=diff, grads=grads):
-                torch.autograd.grad(_outputs(fn(*args)), diff, grads)
-
-            t_fwd = do_bench(fwd, warmup=50, rep=300, return_mode="median")
-            t_all = do_bench(fwd_bwd, warmup=50, rep=300, return_mode="median")
-            g_fwd, g_all = gpu_ms(fwd), gpu_ms(fwd_bwd)
-            passes = [
+        input_sets = [make() for _ in range(INPUT_SETS)]
+        passes = {
+            name: [_timed_passes(fn, args, n_diff) for args in input_sets]
+            for name, fn in impls_by_op[op].items()
+        }
+        walls = {
+            name: [do_bench(f, warmup=50, rep=300, return_mode="median") for f in sets[0]]
+            for name, sets in passes.items()
+        }
+        gpu: dict = {name: ([], []) for name in passes}
+        for _ in range(GPU_ROUNDS):
+            for name, sets in passes.items():
+                for fs in sets:
+                    for samples, f in zip(gpu[name], fs, strict=True):
+                        samples.append(gpu_ms(f))
+        for name in passes:
+            (t_fwd, t_all), (g_fwd, g_all) = walls[name], gpu[name]
+            bwd_samples = [a - f for a, f in zip(g_all, g_fwd, strict=True)]
+            for pass_, ms, samples, nbytes in [
                 ("fwd", t_fwd, g_fwd, fwd_bytes),
-                ("bwd", t_all - t_fwd, g_all - g_fwd, bwd_bytes),
-            ]
-            for pass_, ms, g_ms, nbytes in passes:
+                ("bwd", t_all - t_fwd, bwd_samples, bwd_bytes),
+            ]:
+                g_ms = statistics.median(samples)
                 gbs = nbytes / g_ms / 1e6
                 rows.append(
                     {"op": op, "pass": pass_, "impl": name, "us": ms * 1e3, "gpu_us": g_ms * 1e3,
+                     "gpu_us_range": (min(samples) * 1e3, max(samples) * 1e3),
+                     "gpu_us_samples": [t * 1e3 for t in samples],
                      "gbs": gbs, "pct_copy": 100 * gbs / copy_gbs}
                 )  # fmt: skip
-                print(f"{op} {pass_} {name}: {ms * 1e3:.1f} us wall, {g_ms * 1e3:.1f} us GPU, "
-                      f"{gbs:.0f} GB/s", flush=True)  # fmt: skip
-            del args, diff, outs, grads
-            torch.cuda.empty_cache()
+                print(f"{op} {pass_} {name}: {ms * 1e3:.1f} us wall, {g_ms * 1e3:.1f} us GPU "
+                      f"({min(samples) * 1e3:.1f}-{max(samples) * 1e3:.1f}), {gbs:.0f} GB/s",
+                      flush=True)  # fmt: skip
+        del passes, input_sets
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -231,13 +277,34 @@ def lce_table(rows: list[dict]) -> list[str]:
 
 def memory_bound_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| op | pass | implementation | wall us | GPU us | GB/s (GPU) | % of D2D copy |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "| op | pass | implementation | wall us | GPU us | GPU min-max | GB/s (GPU) | % of D2D copy |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
+        low, high = r.get("gpu_us_range", (r["gpu_us"], r["gpu_us"]))
         lines.append(
             f"| {r['op']} | {r['pass']} | {r['impl']} | {r['us']:.1f} | {r['gpu_us']:.1f} "
-            f"| {r['gbs']:.0f} | {r['pct_copy']:.0f} |"
+            f"| {low:.1f}-{high:.1f} | {r['gbs']:.0f} | {r['pct_copy']:.0f} |"
+        )
+    return lines
+
+
+def paired_table(rows: list[dict], base: str = "liger") -> list[str]:
+    """Slide minus `base`, sample by sample: both ran on the same input set in the same round, so
+    the difference leaves out where the inputs sit and how the device drifts."""
+    lines = [
+        f"| op | pass | slide - {base}, median us | slide faster in |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    by_key = {(r["op"], r["pass"], r["impl"]): r for r in rows if "gpu_us_samples" in r}
+    for (op, pass_, impl), row in by_key.items():
+        other = by_key.get((op, pass_, base))
+        if impl != "slide" or other is None:
+            continue
+        diffs = [a - b for a, b in zip(row["gpu_us_samples"], other["gpu_us_samples"], strict=True)]
+        faster = sum(d < 0 for d in diffs)
+        lines.append(
+            f"| {op} | {pass_} | {statistics.median(diffs):+.2f} | {faster} of {len(diffs)} |"
         )
     return lines
 
@@ -530,10 +597,12 @@ def main(argv: list[str] | None = None) -> int:
         + lce_table(lce_rows)
         + [
             "",
-            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16 (wall: do_bench of the launch from Python, host included; GPU: the profiler's device time, which the bandwidth uses)",
+            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16 (wall: do_bench of the launch from Python, host included; GPU: the profiler's device time after a 1 ms idle gap, median over 3 rounds x 3 input sets shared by all implementations, which the bandwidth uses)",
             "",
         ]
         + memory_bound_table(mb_rows)
+        + ["", "Paired by input set and round (GPU time):", ""]
+        + paired_table(mb_rows)
     )
     print("\n" + text)
     if args.sweep:
