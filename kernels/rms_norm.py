@@ -18,6 +18,7 @@ from kernels import reference
 from kernels._common import next_power_of_2, num_programs_cap, num_warps_for, use_triton
 
 MAX_N = 65536  # one row must fit in a tile
+INT32_OFFSETS_BELOW = 2**31  # the forward's offsets are int32 below this many elements, else int64
 TILE = 4096  # elements per program tile (BLOCK_M x BLOCK_N), at least one row
 ELEMS_PER_THREAD = 16  # num_warps = tile / (32 x this), 1 to 16
 # backward launch (set from `python -m bench.kernels --sweep`, rms_norm bwd rows)
@@ -32,14 +33,18 @@ BWD_STAGES = 3
 @triton.jit
 def _rms_norm_fwd_kernel(
     x_ptr, w_ptr, y_ptr, rstd_ptr, n_rows, N, x_stride, y_stride, eps, zero,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_ROWS: tl.constexpr, OFFSETS_32: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows
-    mask = row_mask[:, None] & (cols < N)[None, :]
-    rows64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + rows64 * x_stride + cols[None, :], mask=mask, other=0.0)
+    mask = (cols < N)[None, :]
+    if not EVEN_ROWS:  # only the last tile can hold rows past the end
+        mask = row_mask[:, None] & mask
+    # int32 address arithmetic where every offset of x and y fits (H200, 16384 x 4096 bf16: 0.1 us
+    # faster than int64, paired against liger, 2026-11-30)
+    row_offsets = rows[:, None] if OFFSETS_32 else rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + row_offsets * x_stride + cols[None, :], mask=mask, other=0.0)
     # `zero` is a runtime 0.0. Adding it gives the weight a use the compiler cannot fold and that
     # does not wait on the reduction, so the weight loads issue with x's; without it they sink
     # below the rsqrt and their latency sits between the reduction and the stores (SASS, H200:
@@ -49,7 +54,9 @@ def _rms_norm_fwd_kernel(
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / N + eps)  # (BLOCK_M,)
     normed = (xf * rstd[:, None]).to(x.dtype)  # cast back before the weight, as Llama does
     y = normed.to(tl.float32) * w[None, :]
-    tl.store(y_ptr + rows64 * y_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        y_ptr + row_offsets * y_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
+    )
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
@@ -104,7 +111,8 @@ def rms_norm_forward(
     block_m, block_n, warps = _tile(n, TILE, ELEMS_PER_THREAD)
     _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_m),)](
         x2d, weight, y, rstd, n_rows, n, x2d.stride(0), y.stride(0), eps, 0.0,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, EVEN_ROWS=n_rows % block_m == 0,
+        OFFSETS_32=max(x2d.stride(0), y.stride(0)) * n_rows < INT32_OFFSETS_BELOW, num_warps=warps,
     )  # fmt: skip
     return y, rstd
 

@@ -53,6 +53,21 @@ def test_rms_norm_small_tiles_split_rows_over_programs(monkeypatch, tile):
         assert_close_fp32(a, b, "rms_norm")
 
 
+@pytest.mark.parametrize("int32_below", [2**31, 0])
+@pytest.mark.parametrize("rows", [256, 257])
+def test_rms_norm_forward_address_paths(monkeypatch, int32_below, rows):
+    """The forward's int32 and int64 offsets, with tiles of 2 rows that fill the rows exactly
+    (no row mask) or leave the last one half empty."""
+    rn = importlib.import_module("kernels.rms_norm")
+    monkeypatch.setattr(rn, "INT32_OFFSETS_BELOW", int32_below)
+    monkeypatch.setattr(rn, "TILE", 32)
+    gen = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 9, generator=gen), torch.rand(9, generator=gen) + 0.5
+    y, rstd = rn.rms_norm_forward(x, w, 1e-6)
+    assert_close_fp32(y, reference.rms_norm(x.double(), w.double(), 1e-6), "rms_norm")
+    assert_close_fp32(rstd, torch.rsqrt(x.double().pow(2).mean(-1) + 1e-6), "rms_norm")
+
+
 def test_rms_norm_strided_rows_and_large_eps():
     """Rows that are a slice of wider rows (stride 32, not 24), normalised without a copy."""
     gen = torch.Generator().manual_seed(3)
