@@ -81,7 +81,7 @@ GAP_CYCLES = 2_000_000
 SPIN_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel, left out of the sum
 
 
-def gpu_ms(fn, iters: int = 50, gap_cycles: int = GAP_CYCLES) -> float:
+def gpu_ms(fn, iters: int = 50) -> float:
     """Milliseconds of GPU work per call of fn: the durations of the device activity (kernels,
     memsets, copies) torch.profiler records over `iters` calls, summed. Unlike do_bench's wall
     time it leaves out the host's launch path, which on a slow host can be longer than the
@@ -91,13 +91,12 @@ def gpu_ms(fn, iters: int = 50, gap_cycles: int = GAP_CYCLES) -> float:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
-            if gap_cycles:
-                torch.cuda._sleep(gap_cycles)
+            torch.cuda._sleep(GAP_CYCLES)
             fn()
         torch.cuda.synchronize()
     device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     work = [e for e in device if SPIN_KERNEL not in e.name]
-    if gap_cycles and len(device) - len(work) != iters:
+    if len(device) - len(work) != iters:
         raise RuntimeError(f"gpu_ms: expected {iters} {SPIN_KERNEL} events, found "
                            f"{len(device) - len(work)}")  # fmt: skip
     return sum(e.time_range.elapsed_us() for e in work) / iters / 1e3
@@ -597,7 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         + lce_table(lce_rows)
         + [
             "",
-            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16 (wall: do_bench of the launch from Python, host included; GPU: the profiler's device time after a 1 ms idle gap, median over 3 rounds x 3 input sets shared by all implementations, which the bandwidth uses)",
+            "### Memory-bound ops: Llama-3.1-8B shapes, 16 x 1024 tokens, bf16 (wall: do_bench of the launch from Python, host included; "
+            f"GPU: the profiler's device time after a 1 ms idle gap, median over {GPU_ROUNDS} rounds "
+            f"x {INPUT_SETS} input sets shared by all implementations, which the bandwidth uses)",
             "",
         ]
         + memory_bound_table(mb_rows)
