@@ -4,8 +4,10 @@
   directory's safetensors when present, else a seeded random init (transformers' Llama-family
   convention: normal(0, initializer_range) for matrices, ones for norms, zeros for biases), one
   tensor at a time so a 70B model never needs two FP32 copies in RAM.
-- `save_checkpoint(out_dir, spec, state)`: config.json + safetensors (sharded above 4 GB), written
-  to a temporary directory and swapped in, so an interrupted save leaves the old checkpoint whole.
+- `write_hf_model(dir, spec, state)`: config.json + safetensors (sharded above 4 GB), fsynced;
+  `write_safetensors` streams each tensor from its own memory (no second copy of the state, which
+  an 8B model's 96 GB of FP32 master and moments could not afford). `save_checkpoint` writes them
+  to a temporary directory and swaps it in, so an interrupted save leaves the old one whole.
 """
 
 from __future__ import annotations
@@ -15,17 +17,26 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from executor import knobs as knobs_mod
 from slide_ir.model import ModelSpec
 
 SHARD_BYTES = 4 << 30
 INITIALIZER_RANGE = 0.02
+SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.uint8: "U8",
+}
 
 
 class CheckpointError(ValueError):
@@ -132,12 +143,29 @@ class SafetensorsWeights(Mapping[str, torch.Tensor]):
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise CheckpointError(f"cannot read {file}: {exc}") from None
 
-    def __getitem__(self, name: str) -> torch.Tensor:
+    def _file(self, name: str) -> Path:
         file = self.dir / self._where[name]
         if not file.is_file():
             raise CheckpointError(f"checkpoint shard {file} is missing (listed for {name})")
-        with safe_open(str(file), framework="pt") as f:
-            return f.get_tensor(name).float()
+        return file
+
+    def header(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """(safetensors dtype, shape) of a tensor, read from the header only."""
+        file = self._file(name)
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                part = f.get_slice(name)
+                return part.get_dtype(), tuple(part.get_shape())
+        except Exception as exc:  # safetensors raises its own error types for corrupt files
+            raise CheckpointError(f"cannot read {name} from {file}: {exc}") from None
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        file = self._file(name)
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                return f.get_tensor(name).float()
+        except Exception as exc:  # safetensors raises its own error types for corrupt files
+            raise CheckpointError(f"cannot read {name} from {file}: {exc}") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
@@ -180,17 +208,13 @@ def save_checkpoint(
     state: Mapping[str, torch.Tensor],
     *,
     dtype: torch.dtype = torch.bfloat16,
-    extra_files: Mapping[str, str] | None = None,
 ) -> Path:
     """Write an HF checkpoint atomically: build it beside `out_dir`, then swap directories."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
-        (tmp / "config.json").write_text(json.dumps(spec.to_hf_config(), indent=2))
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
-        _write_shards(tmp, spec, state, dtype)
+        write_hf_model(tmp, spec, state, dtype=dtype)
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -198,31 +222,80 @@ def save_checkpoint(
     return out
 
 
-def _write_shards(
-    tmp: Path, spec: ModelSpec, state: Mapping[str, torch.Tensor], dtype: torch.dtype
-) -> None:
-    shards: list[dict[str, torch.Tensor]] = [{}]
+def write_hf_model(
+    directory: Path,
+    spec: ModelSpec,
+    state: Mapping[str, torch.Tensor],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+) -> list[str]:
+    """config.json and the weights into an existing directory, every file fsynced. Returns the
+    names of the files written (what `from_pretrained` reads)."""
+    write_text(directory / "config.json", json.dumps(spec.to_hf_config(), indent=2))
+    shards: list[list[str]] = [[]]
     size = 0
     for name in param_names(spec):
-        t = state[name].detach().to("cpu", dtype).contiguous()
-        if size and size + t.nbytes > SHARD_BYTES:
-            shards.append({})
+        nbytes = state[name].numel() * dtype.itemsize
+        if size and size + nbytes > SHARD_BYTES:
+            shards.append([])
             size = 0
-        shards[-1][name] = t
-        size += t.nbytes
+        shards[-1].append(name)
+        size += nbytes
+
+    def tensors(names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in names:
+            yield name, state[name].detach().to("cpu", dtype)
+
     if len(shards) == 1:
-        save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        return
+        write_safetensors(directory / "model.safetensors", tensors(shards[0]))
+        return ["config.json", "model.safetensors"]
     weight_map = {}
-    for k, shard in enumerate(shards, start=1):
-        file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(tmp / file), metadata={"format": "pt"})
-        weight_map |= dict.fromkeys(shard, file)
+    files = [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
+    for file, names in zip(files, shards, strict=True):
+        write_safetensors(directory / file, tensors(names))
+        weight_map |= dict.fromkeys(names, file)
     index = {
-        "metadata": {"total_size": sum(t.nbytes for s in shards for t in s.values())},
+        "metadata": {"total_size": sum(state[n].numel() for n in weight_map) * dtype.itemsize},
         "weight_map": weight_map,
     }
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    write_text(directory / "model.safetensors.index.json", json.dumps(index, indent=2))
+    return ["config.json", "model.safetensors.index.json", *files]
+
+
+def write_safetensors(
+    path: Path, tensors: Mapping[str, torch.Tensor] | Iterator[tuple[str, torch.Tensor]]
+) -> None:
+    """A safetensors file written tensor by tensor from the tensors' own memory, then fsynced.
+    The header needs every shape first, so `tensors` is materialised as a list of (name,
+    tensor) pairs: references, not copies."""
+    items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, t in items:
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.numel() * t.element_size()],
+        }
+        offset += t.numel() * t.element_size()
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    delay_s = knobs_mod.from_env().save_delay_ms / 1e3
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for _, t in items:
+            if delay_s:
+                time.sleep(delay_s)
+            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_text(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _swap_in(tmp: Path, out: Path) -> None:

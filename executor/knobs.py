@@ -7,6 +7,8 @@
 - `SLIDE_WAIT_TIMEOUT_S=T`: a wait for a dependency longer than T seconds fails the run, naming
   the op and what it waited for (default 600; 0 disables).
 - `SLIDE_KERNELS=torch`: use the pure-torch references on CUDA too (default: Triton on CUDA).
+- `SLIDE_SAVE_DELAY_MS=X`: sleep X ms before writing each tensor of a checkpoint file, so a
+  crash test can kill the process during each file's write.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Knobs:
     delay_seed: int = 0
     wait_timeout_s: float = 600.0
     torch_kernels: bool = False
+    save_delay_ms: float = 0.0
 
 
 def from_env(env: dict[str, str] | None = None) -> Knobs:
@@ -32,4 +35,5 @@ def from_env(env: dict[str, str] | None = None) -> Knobs:
         delay_seed=int(e.get("SLIDE_DELAY_SEED", "0") or 0),
         wait_timeout_s=float(e.get("SLIDE_WAIT_TIMEOUT_S", "600") or 0),
         torch_kernels=e.get("SLIDE_KERNELS", "") == "torch",
+        save_delay_ms=float(e.get("SLIDE_SAVE_DELAY_MS", "0") or 0),
     )

@@ -1,10 +1,12 @@
-"""What `slide train` does around the executor: resolve inputs, check data and resume state
-before any weight is touched, drive `executor.train.train` in chunks (one per `--save-every`),
-report progress, write metrics, checkpoints, the trace and the Gantt chart.
+"""What `slide train` does around the executor: resolve inputs, check data, resume state and
+`--out` before any weight is touched, run `executor.train.train` once (periodic checkpoints are
+written at step boundaries while the engine stays up), report progress, write metrics, the
+trace and the Gantt chart.
 
-A checkpoint directory holds the HF model (config.json + safetensors), `optimizer.safetensors`
-(Adam moments by parameter name) and `slide_state.json` (steps done, model and run settings), so
-`--resume` continues exactly where the run stopped.
+Checkpoints follow `slide.checkpoints` (complete or absent, published by one rename, the
+previous one removed only after); what they record and how `--resume` checks it is
+`slide.resume`. Ctrl-C finishes the step in flight, publishes a checkpoint and ends with code
+130; a second Ctrl-C aborts at once, leaving the last published checkpoint as it was.
 """
 
 from __future__ import annotations
@@ -12,36 +14,34 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
+import signal
+import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from executor.adam import AdamWConfig
-from executor.checkpoint import (
-    CheckpointError,
-    SafetensorsWeights,
-    initial_weights,
-    save_checkpoint,
-)
+from executor.checkpoint import initial_weights, write_hf_model, write_safetensors, write_text
 from executor.data import CORPUS, TokenStream, batches, load_token_stream
 from executor.tokenizer import build_tiny_tokenizer
-from executor.train import TrainResult, train
-from slide.errors import UserError
+from executor.train import InfeasiblePlanError, ReadState, TrainResult, train
+from slide.checkpoints import STATE_FILE, RunDir
+from slide.errors import StopRun, UserError
 from slide.fileio import write_atomic
+from slide.resume import OPTIM_FILE, Resumed, read_checkpoint, state_json
 from slide_ir.config import TrainConfig
-from slide_ir.hardware import Machine, load_machine
+from slide_ir.hardware import Machine, load_machine, with_drives
 from slide_ir.model import ModelSpec, load_model
 from slide_ir.planner import Plan, plan_from_json
 from slide_ir.trace import to_chrome_trace, trace_metrics
 
 log = logging.getLogger(__name__)
-STATE_FILE = "slide_state.json"
-OPTIM_FILE = "optimizer.safetensors"
 TINY_TOKENIZER = Path.home() / ".cache" / "slide" / "tiny-tokenizer"
 
 
@@ -52,6 +52,7 @@ class TrainRequest:
     config: TrainConfig
     ram_gb: float | None = None
     nvme: int | None = None
+    nvme_dirs: tuple[str, ...] = ()
     data: str | None = None
     tokenizer: str | None = None
     shuffle: bool = True
@@ -65,8 +66,11 @@ class TrainRequest:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     out: str | None = None
+    overwrite: bool = False
     save_every: int = 0
+    keep: int = 2
     resume: str | None = None
+    extend_schedule: bool = False
     metrics: str | None = None
     plan_file: str | None = None  # a saved plan: its model, machine and config win
     trace: str | None = None
@@ -76,18 +80,116 @@ class TrainRequest:
 
 
 def run_training(req: TrainRequest) -> dict[str, Any]:
+    """Train as `req` says; the summary's `interrupted` tells whether Ctrl-C ended it."""
+    if req.save_every < 0:
+        raise UserError(
+            f"--save-every must be 0 (only at the end) or a step count, got {req.save_every}"
+        )
     device = torch.device(req.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is visible here (use --device cpu)")
     saved = _saved_plan(req.plan_file)
     spec = saved.model if saved else load_model(req.model)
     machine = saved.machine if saved else resolve_machine(req, device)
-    config = saved.config if saved else req.config
-    req = replace(req, config=config)
-    start, weights, moments = _resume_state(req, spec)
-    stream = _token_stream(req, spec)
-    data = batches(
-        stream,
+    req = replace(req, config=saved.config if saved else req.config)
+    optim = AdamWConfig(
+        lr=req.lr,
+        schedule=req.lr_schedule,
+        warmup_steps=req.warmup_steps,
+        weight_decay=req.weight_decay,
+        betas=req.betas,
+        eps=req.eps,
+    )
+    resumed = (
+        read_checkpoint(req.resume, spec, req.config, optim, extend_schedule=req.extend_schedule)
+        if req.resume
+        else None
+    )
+    start = resumed.steps_done if resumed else 0
+    optim = replace(optim, total_steps=resumed.total_steps if resumed else req.config.steps)
+    data = _data(req, spec, start)
+    weights = resumed.weights if resumed else _initial(req, spec)
+    run_dir = _open_out(req, resumed)
+    try:
+        return _run(req, spec, machine, saved, optim, data, weights, resumed, run_dir)
+    finally:
+        if run_dir is not None:
+            run_dir.close()
+
+
+def _open_out(req: TrainRequest, resumed: Resumed | None) -> RunDir | None:
+    if not req.out:
+        return None
+    at = (resumed.directory, resumed.steps_done) if resumed else None
+    return RunDir.open(req.out, keep=req.keep, overwrite=req.overwrite, resumed=at)
+
+
+def _run(
+    req: TrainRequest,
+    spec: ModelSpec,
+    machine: Machine,
+    saved: Plan | None,
+    optim: AdamWConfig,
+    data: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    weights: Mapping[str, torch.Tensor],
+    resumed: Resumed | None,
+    run_dir: RunDir | None,
+) -> dict[str, Any]:
+    start = resumed.steps_done if resumed else 0
+    config = replace(req.config, steps=req.config.steps - start)
+    ckpt = _Checkpointer(req, spec, optim, run_dir)
+    reporter = _Reporter(req, total=req.config.steps, start=start)
+    stop = _CtrlC()
+    result = None
+    try:
+        with stop:
+            result = train(
+                spec,
+                machine,
+                config,
+                initial_state=weights,
+                the_plan=saved if saved and saved.config == config else None,
+                batches=data,
+                optim=optim,
+                device=torch.device(req.device) if req.device else None,
+                dtype=_dtype(req.dtype),
+                on_step=lambda *a: stop.after_step(reporter, *a),
+                initial_optim_state=resumed.moments if resumed else None,
+                start_step=start,
+                nvme_dir=[Path(d) for d in req.nvme_dirs] or None,
+                save_every=req.save_every,
+                on_save=ckpt.save if run_dir else None,
+            )
+            stop.finishing()
+            done = start + result.steps_done
+            if run_dir and result.steps_done:
+                ckpt.save(done, lambda: (result.final_state, result.optim_state))
+    except InfeasiblePlanError as exc:
+        raise UserError(str(exc)) from None
+    except KeyboardInterrupt:
+        where = f"; the last checkpoint is {ckpt.last}" if ckpt.last else ""
+        raise StopRun(f"aborted{where}", code=130) from None
+    finally:
+        reporter.close()
+    return _finish(req, result, reporter, done, machine, ckpt, interrupted=stop.requested)
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[name]
+
+
+def _initial(req: TrainRequest, spec: ModelSpec) -> Mapping[str, torch.Tensor]:
+    return initial_weights(spec, req.model if Path(req.model).is_dir() else None, req.seed)
+
+
+def _data(
+    req: TrainRequest, spec: ModelSpec, start: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The run's batches from step `start` on; the first is pulled now, so bad data fails
+    before the model is built."""
+    config = req.config
+    it = batches(
+        _token_stream(req, spec),
         batch=config.batch,
         seq=config.seq,
         count=config.steps * config.grad_accum,
@@ -96,61 +198,46 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
         vocab_size=spec.vocab_size,
         source=req.data or str(CORPUS),
     )
-    data = _skip(_checked_first(data), start * config.grad_accum)
-    if weights is None:
-        weights = initial_weights(spec, req.model if Path(req.model).is_dir() else None, req.seed)
-    optim = AdamWConfig(
-        lr=req.lr,
-        schedule=req.lr_schedule,
-        warmup_steps=req.warmup_steps,
-        weight_decay=req.weight_decay,
-        betas=req.betas,
-        eps=req.eps,
-        total_steps=config.steps,
-    )
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[req.dtype]
-    reporter = _Reporter(req, total=config.steps, start=start)
-    result, losses = None, []
-    try:
-        while start < config.steps:
-            chunk = (
-                config.steps - start
-                if not req.save_every
-                else min(req.save_every, config.steps - start)
-            )
-            chunk_config = replace(config, steps=chunk)
-            the_plan = saved if saved and chunk_config == saved.config else None
-            result = train(
-                spec,
-                machine,
-                chunk_config,
-                initial_state=weights,
-                the_plan=the_plan,
-                batches=data,
-                optim=optim,
-                device=device,
-                dtype=dtype,
-                on_step=reporter.on_step,
-                initial_optim_state=moments,
-                start_step=start,
-            )
-            start += result.steps_done
-            losses += result.losses
-            weights, moments = result.final_state, result.optim_state
-            if req.out and (result.interrupted or start < config.steps):
-                _save(req, spec, weights, moments, start)
-                # continue from the files: the finished run's buffers are freed before the next
-                # one allocates its own (two copies of 12 B/param would not fit a large model)
-                _, weights, moments = _resume_state(replace(req, resume=req.out), spec, lazy=True)
-                result = replace(result, final_state={}, optim_state={})
-            if result.interrupted:
-                break
-    finally:
-        reporter.close()
-    assert result is not None  # the loop ran: start < steps was checked by the resume logic
-    if req.out:
-        _save(req, spec, weights, moments, start)
-    return _finish(req, result, losses, start, machine)
+    it = itertools.islice(it, start * config.grad_accum, None)
+    first = next(it)
+    return itertools.chain([first], it)
+
+
+class _CtrlC:
+    """SIGINT while training: the first asks the run to stop after the step in flight (and
+    save); a second, or one before the first step has finished, aborts (KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._armed = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def after_step(self, reporter: _Reporter, *step: Any) -> bool:
+        """on_step: report the step; from now on a Ctrl-C stops after the step in flight."""
+        reporter.on_step(*step)
+        self._armed = True
+        return self.requested
+
+    def finishing(self) -> None:
+        """The steps are over: from here a Ctrl-C aborts the final save."""
+        self._armed = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested or not self._armed:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning(
+            "interrupted: finishing the step in flight, then saving (Ctrl-C again to abort)"
+        )
 
 
 def _saved_plan(path: str | None) -> Plan | None:
@@ -162,7 +249,8 @@ def _saved_plan(path: str | None) -> Plan | None:
 
 
 def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
-    """`auto`: this host. The cost figures come from the closest preset; capacities are real."""
+    """`auto`: this host. The cost figures come from the closest preset; capacities are real
+    (`--ram-gb` and `--nvme` still override them)."""
     if req.machine != "auto":
         return load_machine(req.machine, ram_gb=req.ram_gb, nvme=req.nvme)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -172,12 +260,12 @@ def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
         gpu_bytes = torch.cuda.get_device_properties(device).total_memory
     else:  # CPU mode: the "GPU" tier is host memory too
         name, base, gpu_bytes = "cpu", load_machine("paper-pc-4090"), ram
+    if req.ram_gb is not None:
+        ram = round(req.ram_gb * 2**30)
     machine = replace(
         base, name=f"auto ({name})", gpu=replace(base.gpu, memory_bytes=gpu_bytes), ram_bytes=ram
     )
-    if req.ram_gb is not None or req.nvme is not None:
-        log.warning("--ram-gb/--nvme apply to named machines; 'auto' measures this host")
-    return machine
+    return machine if req.nvme is None else with_drives(machine, req.nvme, None)
 
 
 def _token_stream(req: TrainRequest, spec: ModelSpec) -> TokenStream:
@@ -187,101 +275,88 @@ def _token_stream(req: TrainRequest, spec: ModelSpec) -> TokenStream:
     return load_token_stream(CORPUS, tokenizer_dir=tokenizer)
 
 
-def _checked_first(
-    it: Iterator[tuple[torch.Tensor, torch.Tensor]],
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Pull the first batch now, so bad data fails before the model is built."""
-    first = next(it)
-    return itertools.chain([first], it)
-
-
-def _skip(it: Iterator[Any], n: int) -> Iterator[Any]:
-    return itertools.islice(it, n, None)
-
-
 # -- checkpoints ---------------------------------------------------------------------------------
-def _save(
-    req: TrainRequest,
-    spec: ModelSpec,
-    weights: Mapping[str, torch.Tensor],
-    moments: Mapping[str, torch.Tensor],
-    steps_done: int,
-) -> None:
-    assert req.out is not None
-    state = {
-        "steps_done": steps_done,
-        "model": spec.to_hf_config(),
-        "config": asdict(req.config),
-        "seed": req.seed,
-        "data": req.data,
-    }
-    # FP32: the master weights themselves, so --resume continues exactly (transformers loads it
-    # like any checkpoint; pass dtype=torch.bfloat16 to from_pretrained for a BF16 copy)
-    out = save_checkpoint(
-        req.out,
-        spec,
-        weights,
-        dtype=torch.float32,
-        extra_files={STATE_FILE: json.dumps(state, indent=2)},
-    )
-    tmp = out / f".{OPTIM_FILE}.tmp"
-    save_file({k: v.contiguous() for k, v in moments.items()}, str(tmp))
-    tmp.replace(out / OPTIM_FILE)
-    log.info("checkpoint (%d steps) written to %s", steps_done, out)
+class _Checkpointer:
+    """Publishes the state at a step boundary as one checkpoint of `run_dir`."""
 
+    def __init__(
+        self, req: TrainRequest, spec: ModelSpec, optim: AdamWConfig, run_dir: RunDir | None
+    ) -> None:
+        self.req, self.spec, self.optim, self.run_dir = req, spec, optim, run_dir
+        self.last: Path | None = None
 
-def _resume_state(
-    req: TrainRequest, spec: ModelSpec, *, lazy: bool = False
-) -> tuple[int, Any, Any]:
-    if not req.resume:
-        return 0, None, None
-    ckpt = Path(req.resume)
-    state_file = ckpt / STATE_FILE
-    if not state_file.is_file():
-        raise CheckpointError(
-            f"{state_file} is missing: --resume needs a directory written by slide train"
+    def save(self, step: int, read_state: ReadState) -> None:
+        assert self.run_dir is not None
+        weights, moments = read_state()
+        text = state_json(
+            spec=self.spec,
+            config=self.req.config,
+            optim=self.optim,
+            steps_done=step,
+            seed=self.req.seed,
+            data=self.req.data,
         )
-    try:
-        state = json.loads(state_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{state_file} is corrupt: {exc}") from None
-    if state["model"] != spec.to_hf_config():
-        diff = sorted(
-            k
-            for k in set(state["model"]) | set(spec.to_hf_config())
-            if state["model"].get(k) != spec.to_hf_config().get(k)
-        )
-        raise UserError(f"--resume {ckpt}: the checkpoint's model differs from --model in {diff}")
-    mine = asdict(req.config)
-    diff = sorted(k for k in ("batch", "seq", "grad_accum") if state["config"].get(k) != mine[k])
-    if diff:
-        was = ", ".join(f"{k}={state['config'][k]}" for k in diff)
-        raise UserError(
-            f"--resume {ckpt}: the checkpoint was trained with different {diff} ({was})"
-        )
-    optim_file = ckpt / OPTIM_FILE
-    if not optim_file.is_file():
-        raise CheckpointError(f"{optim_file} is missing")
-    weights = SafetensorsWeights(ckpt)
-    if lazy:
-        return int(state["steps_done"]), weights, SafetensorsWeights.single(optim_file)
-    return int(state["steps_done"]), {k: weights[k] for k in weights}, load_file(str(optim_file))
+
+        def write(directory: Path) -> list[str]:
+            # FP32: the master weights themselves, so --resume continues exactly (transformers
+            # loads it like any checkpoint; pass dtype=torch.bfloat16 for a BF16 copy)
+            files = write_hf_model(directory, self.spec, weights, dtype=torch.float32)
+            write_safetensors(directory / OPTIM_FILE, moments)
+            write_text(directory / STATE_FILE, text)
+            return files
+
+        self.last = self.run_dir.publish(step, write)
+        log.info("checkpoint (%d steps) published at %s", step, self.last)
 
 
 # -- reporting -----------------------------------------------------------------------------------
-class _Reporter:
-    """Progress bar and metrics JSONL, one line per optimizer step."""
+@dataclass
+class _LossStats:
+    """Running aggregates of the run's losses: the summary never grows with the step count."""
 
-    def __init__(self, req: TrainRequest, *, total: int, start: int) -> None:
+    steps: int = 0
+    first: float | None = None
+    last: float | None = None
+    total: float = 0.0
+    lowest: float = math.inf
+
+    def add(self, loss: float) -> None:
+        self.steps += 1
+        self.first = loss if self.first is None else self.first
+        self.last, self.total, self.lowest = loss, self.total + loss, min(self.lowest, loss)
+
+    def summary(self) -> dict[str, Any]:
+        mean = self.total / self.steps if self.steps else None
+        lowest = self.lowest if self.steps else None
+        return {"loss_first": self.first, "loss_last": self.last, "loss_mean": mean,
+                "loss_min": lowest}  # fmt: skip
+
+
+@dataclass
+class _Reporter:
+    """Progress bar and metrics JSONL, one line per optimizer step. A resumed run continues
+    its metrics file from the checkpoint's step (lines a crash left beyond it are dropped)."""
+
+    req: TrainRequest
+    total: int
+    start: int
+    losses: _LossStats = field(default_factory=_LossStats)
+
+    def __post_init__(self) -> None:
         from tqdm import tqdm
 
         self.bar = tqdm(
-            total=total, initial=start, unit="step", disable=not req.progress, desc="train"
-        )
-        mode = "a" if req.resume else "w"  # a resumed run continues its metrics file
-        self.metrics = open(req.metrics, mode, encoding="utf-8") if req.metrics else None  # noqa: SIM115
+            total=self.total, initial=self.start, unit="step", disable=not self.req.progress,
+            desc="train", dynamic_ncols=True,
+        )  # fmt: skip
+        self.metrics = None
+        if self.req.metrics:
+            if self.req.resume:
+                _keep_metrics_until(Path(self.req.metrics), self.start)
+            self.metrics = open(self.req.metrics, "a" if self.req.resume else "w", encoding="utf-8")  # noqa: SIM115
 
     def on_step(self, step: int, loss: float, lr: float, metrics: dict[str, Any]) -> None:
+        self.losses.add(loss)
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
         if self.metrics:
@@ -294,10 +369,31 @@ class _Reporter:
             self.metrics.close()
 
 
+def _keep_metrics_until(path: Path, step: int) -> None:
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line a kill cut short
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line + "\n")
+    write_atomic(path, "".join(kept))
+
+
 def _finish(
-    req: TrainRequest, result: TrainResult, losses: list[float], steps_done: int, machine: Machine
+    req: TrainRequest,
+    result: TrainResult,
+    reporter: _Reporter,
+    steps_done: int,
+    machine: Machine,
+    ckpt: _Checkpointer,
+    *,
+    interrupted: bool,
 ) -> dict[str, Any]:
-    """Trace files of the last chunk; losses of the whole run (this invocation)."""
+    """Trace files and the summary of this invocation (aggregates, not per-step lists)."""
     if req.trace:
         write_atomic(req.trace, json.dumps(to_chrome_trace(result.trace)))
     if req.save_trace:
@@ -309,13 +405,14 @@ def _finish(
     m = trace_metrics(result.trace)
     return {
         "steps_done": steps_done,
-        "interrupted": result.interrupted,
-        "final_loss": losses[-1] if losses else None,
-        "losses": losses,
+        "steps_run": reporter.losses.steps,
+        "interrupted": interrupted or result.interrupted,
+        "final_loss": reporter.losses.last,
+        **reporter.losses.summary(),
         "machine": machine.name,
         "tokens_per_s": m.tokens_per_s,
         "eta": m.eta,
-        "checkpoint": req.out,
+        "checkpoint": str(ckpt.last) if ckpt.last else None,
     }
 
 
@@ -328,12 +425,13 @@ def demo_finetune(out: Path) -> str:
         config=TrainConfig(batch=8, seq=128, steps=40),
         lr=3e-3,
         out=str(out / "checkpoint"),
+        overwrite=True,
         metrics=str(out / "metrics.jsonl"),
         trace=str(out / "trace.json"),
         gantt=str(out / "gantt.png"),
     )
     summary = run_training(req)
     return (
-        f"fine-tuned tiny-llama for {summary['steps_done']} steps: loss {summary['losses'][0]:.3f}"
-        f" -> {summary['final_loss']:.3f}; measured Gantt {out / 'gantt.png'}, checkpoint {req.out}"
+        f"fine-tuned tiny-llama for {summary['steps_done']} steps: loss {summary['loss_first']:.3f}"
+        f" -> {summary['loss_last']:.3f}; measured Gantt {out / 'gantt.png'}, checkpoint {req.out}"
     )

@@ -1,8 +1,9 @@
 """`slide train`: fine-tune a model from the planner's Graph with the executor.
 
-Everything the user can get wrong (model, machine, data, plan feasibility, resume mismatch) is
-checked before the model's weights are touched. The final checkpoint is HF format, written
-atomically; Ctrl-C finishes the step in flight and saves.
+Everything the user can get wrong (model, machine, data, plan feasibility, resume mismatch,
+an `--out` holding someone else's files) is checked before the model's weights are touched.
+Checkpoints are complete or absent (see slide/checkpoints.py); Ctrl-C finishes the step in
+flight, saves and exits 130; a second Ctrl-C aborts at once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import json
 
 from slide.commands.common import add_machine_overrides, add_train_config, train_config
-from slide.errors import UserError
+from slide.errors import StopRun, UserError
 
 NAME = "train"
 HELP = "fine-tune all parameters of a model on one GPU (or the CPU), sliding its layers"
@@ -50,9 +51,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--betas", default="0.9,0.999", help="Adam betas as b1,b2 [0.9,0.999]")
     parser.add_argument("--eps", type=float, default=1e-8)
-    parser.add_argument("--out", help="directory for the final HF checkpoint")
-    parser.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps")
-    parser.add_argument("--resume", help="checkpoint directory written by slide train")
+    parser.add_argument(
+        "--out",
+        help="run directory: checkpoints/step-N/, `latest`, and the newest HF checkpoint "
+        "(from_pretrained(OUT) loads it); refused if it holds files Slide did not write",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --out anyway (Slide's files only: nothing else there is "
+        "touched), or start a new run over a previous run's checkpoints",
+    )
+    parser.add_argument(
+        "--save-every", type=int, default=0, help="also checkpoint every N steps [0: at the end]"
+    )
+    parser.add_argument("--keep", type=int, default=2, help="checkpoints kept in --out [2]")
+    parser.add_argument(
+        "--resume", help="continue from a run directory (its latest checkpoint) or a checkpoint"
+    )
+    parser.add_argument(
+        "--extend-schedule",
+        action="store_true",
+        help="with --resume and a different --steps: re-plan the LR schedule over the new "
+        "--steps from the step reached (the LR jumps to that step's value on the new schedule)",
+    )
     parser.add_argument("--metrics", help="write one JSON object per step to this .jsonl file")
     parser.add_argument("--trace", help="write the measured Chrome trace JSON here")
     parser.add_argument("--gantt", help="write the measured Gantt chart PNG here")
@@ -83,8 +105,12 @@ def run(args: argparse.Namespace) -> int:
         betas=_betas(args.betas),
         eps=args.eps,
         out=args.out,
+        overwrite=args.overwrite,
         save_every=args.save_every,
+        keep=args.keep,
         resume=args.resume,
+        extend_schedule=args.extend_schedule,
+        nvme_dirs=tuple(getattr(args, "nvme_dir", None) or ()),
         metrics=args.metrics,
         trace=args.trace,
         gantt=args.gantt,
@@ -93,6 +119,13 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = run_training(request)
     print(json.dumps(summary, indent=2))
+    if summary["interrupted"]:
+        saved = (
+            f"checkpoint {summary['checkpoint']}; continue with --resume {args.out}"
+            if summary["checkpoint"]
+            else "nothing saved (no --out)"
+        )
+        raise StopRun(f"interrupted after step {summary['steps_done']}: {saved}", code=130)
     return 0
 
 

@@ -1,0 +1,181 @@
+"""What a checkpoint's `slide_state.json` records, and the rules `--resume` enforces with it.
+
+A resumed run continues exactly the run that was saved: the same model, batch shape, optimizer
+settings and LR-schedule horizon (`total_steps`). A different `--steps` is refused unless
+`--extend-schedule`, which re-plans the schedule over the new horizon from the step reached (a
+cosine or linear LR then jumps to its value at that step of the longer schedule). Every file is
+checked (names, shapes, dtypes, JSON fields) before the model is built, and each problem is
+reported as one line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor.adam import AdamWConfig
+from executor.checkpoint import CheckpointError, SafetensorsWeights, param_names, param_shape
+from executor.state import EXP_AVG, EXP_AVG_SQ
+from slide.checkpoints import STATE_FILE, find_checkpoint
+from slide.errors import StopRun, UserError
+from slide_ir.config import TrainConfig
+from slide_ir.model import ModelSpec
+
+OPTIM_FILE = "optimizer.safetensors"
+STATE_VERSION = 2
+SHAPE_FIELDS = ("batch", "seq", "grad_accum")
+OPTIM_FLAGS = {
+    "lr": "--lr",
+    "schedule": "--lr-schedule",
+    "warmup_steps": "--warmup-steps",
+    "weight_decay": "--weight-decay",
+    "betas": "--betas",
+    "eps": "--eps",
+}
+FLOAT_DTYPES = ("F32", "BF16", "F16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed:
+    directory: Path
+    steps_done: int
+    total_steps: int  # the LR schedule's horizon this run continues
+    weights: Mapping[str, torch.Tensor]  # read lazily, one tensor at a time
+    moments: Mapping[str, torch.Tensor]
+
+
+def state_json(
+    *,
+    spec: ModelSpec,
+    config: TrainConfig,
+    optim: AdamWConfig,
+    steps_done: int,
+    seed: int,
+    data: str | None,
+) -> str:
+    recorded = {k: v for k, v in asdict(optim).items() if k != "total_steps"}
+    state = {
+        "version": STATE_VERSION,
+        "steps_done": steps_done,
+        "total_steps": optim.total_steps,
+        "model": spec.to_hf_config(),
+        "config": asdict(config),
+        "optim": recorded,
+        "seed": seed,
+        "data": data,
+    }
+    return json.dumps(state, indent=2)
+
+
+def read_checkpoint(
+    path: str,
+    spec: ModelSpec,
+    config: TrainConfig,
+    optim: AdamWConfig,
+    *,
+    extend_schedule: bool,
+) -> Resumed:
+    """The checkpoint `--resume path` continues, checked against this run's request."""
+    ckpt = find_checkpoint(path)
+    state = _read_state(ckpt / STATE_FILE)
+    _check_same_run(ckpt, state, spec, config, optim)
+    done, steps = state["steps_done"], config.steps
+    horizon = state.get("total_steps") or steps
+    if steps <= done:
+        raise StopRun(
+            f"nothing to do: {ckpt} has done {done} steps and --steps is {steps} (ask for more "
+            "steps, with --extend-schedule, to train further)",
+            code=0,
+        )
+    if steps != horizon and not extend_schedule:
+        raise UserError(
+            f"--resume {ckpt}: that run's LR schedule ends at step {horizon}, --steps is "
+            f"{steps}: pass --steps {horizon} to finish it, or --extend-schedule to re-plan the "
+            f"schedule over {steps} steps from step {done}"
+        )
+    weights, moments = _open_tensors(ckpt, spec)
+    return Resumed(
+        directory=ckpt,
+        steps_done=done,
+        total_steps=steps if extend_schedule else horizon,
+        weights=weights,
+        moments=moments,
+    )
+
+
+def _read_state(file: Path) -> dict[str, Any]:
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file} is unreadable: {exc}") from None
+    expect = {"steps_done": int, "model": dict, "config": dict}
+    bad = [
+        k for k, t in expect.items() if not isinstance(state, dict) or type(state.get(k)) is not t
+    ]
+    if not bad and not all(isinstance(state["config"].get(k), int) for k in SHAPE_FIELDS):
+        bad = [f"config.{k}" for k in SHAPE_FIELDS]
+    if not bad and state["steps_done"] < 0:
+        bad = ["steps_done"]
+    if bad:
+        raise CheckpointError(
+            f"{file} lacks a valid {', '.join(bad)}: not a {STATE_FILE} written by slide train"
+        )
+    return state
+
+
+def _check_same_run(
+    ckpt: Path, state: dict[str, Any], spec: ModelSpec, config: TrainConfig, optim: AdamWConfig
+) -> None:
+    mine = spec.to_hf_config()
+    if state["model"] != mine:
+        diff = sorted(
+            k for k in set(state["model"]) | set(mine) if state["model"].get(k) != mine.get(k)
+        )
+        raise UserError(f"--resume {ckpt}: the checkpoint's model differs from --model in {diff}")
+    diff = [k for k in SHAPE_FIELDS if state["config"][k] != getattr(config, k)]
+    if diff:
+        was = ", ".join(f"{k}={state['config'][k]}" for k in diff)
+        raise UserError(f"--resume {ckpt}: the checkpoint was trained with {was}; pass the same")
+    recorded = state.get("optim") or {}
+    now = asdict(optim)
+    for key, flag in OPTIM_FLAGS.items():
+        was = recorded.get(key, now[key])
+        if (list(was) if key == "betas" else was) != (
+            list(now[key]) if key == "betas" else now[key]
+        ):
+            shown = ",".join(map(str, was)) if key == "betas" else was
+            raise UserError(
+                f"--resume {ckpt}: the checkpoint was trained with {flag} {shown}; pass the same "
+                f"(got {','.join(map(str, now[key])) if key == 'betas' else now[key]})"
+            )
+
+
+def _open_tensors(ckpt: Path, spec: ModelSpec) -> tuple[SafetensorsWeights, SafetensorsWeights]:
+    optim_file = ckpt / OPTIM_FILE
+    if not optim_file.is_file():
+        raise CheckpointError(f"{optim_file} is missing: the checkpoint is incomplete")
+    weights, moments = SafetensorsWeights(ckpt), SafetensorsWeights.single(optim_file)
+    names = param_names(spec)
+    _check_tensors(weights, {n: param_shape(spec, n) for n in names}, ckpt)
+    want = {n + s: param_shape(spec, n) for n in names for s in (EXP_AVG, EXP_AVG_SQ)}
+    _check_tensors(moments, want, optim_file)
+    return weights, moments
+
+
+def _check_tensors(
+    found: SafetensorsWeights, want: dict[str, tuple[int, ...]], where: Path
+) -> None:
+    missing = [n for n in want if n not in found]
+    if missing:
+        raise CheckpointError(f"{where} lacks {len(missing)} tensors, e.g. {missing[0]}")
+    for name, shape in want.items():
+        dtype, got = found.header(name)
+        if dtype not in FLOAT_DTYPES or got != shape:
+            raise CheckpointError(
+                f"{where}: {name} is {dtype} {got}, expected a float tensor of shape {shape}"
+            )
