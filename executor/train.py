@@ -33,6 +33,11 @@ from slide_ir.trace import MemorySample, Trace
 log = logging.getLogger("executor.train")
 
 OnStep = Callable[[int, float, float, dict[str, Any]], bool | None]
+# on_save(step, read_state): called on the main thread at a step boundary with the lanes idle on
+# the model's state; read_state() gives (weights, moments) by HF name, mostly views of the live
+# host buffers, valid until on_save returns
+ReadState = Callable[[], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+OnSave = Callable[[int, ReadState], None]
 
 
 class InfeasiblePlanError(RuntimeError):
@@ -74,6 +79,8 @@ def train(
     start_step: int = 0,
     nvme_dir: str | Path | None = None,
     the_plan: Plan | None = None,
+    save_every: int = 0,
+    on_save: OnSave | None = None,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps. See the module docstring.
 
@@ -81,7 +88,10 @@ def train(
     the token after input t), -100 ignored; `grad_accum` of them per step. on_step(step, loss,
     lr, metrics) is called on the main thread after each step; returning True stops the run
     after the steps already handed to the lanes (at most one more). Clipping: per unit, as the
-    plan's TrainConfig says (`clip`, `clip_norm`).
+    plan's TrainConfig says (`clip`, `clip_norm`). on_save is called after every step whose
+    global number (start_step + step) is a multiple of `save_every`, except the last: the next
+    step is fed only once it returns, so the state it reads is that step's, and the engine
+    stays up (the caller saves the final state from the result).
     """
     p = the_plan or plan(model_spec, machine, config)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -104,7 +114,8 @@ def train(
             initial_optim_state=initial_optim_state,
         )
         try:
-            return _drive(p, run, iter(batches), on_step, start_step)
+            saver = _Saver(save_every, on_save, run) if on_save and save_every else None
+            return _drive(p, run, iter(batches), on_step, start_step, saver)
         except torch.OutOfMemoryError as exc:
             exc.add_note(_ledger_note(p))
             raise
@@ -188,11 +199,12 @@ def _drive(
     it: Iterator[tuple[torch.Tensor, torch.Tensor]],
     on_step: OnStep | None,
     start_step: int,
+    saver: _Saver | None,
 ) -> TrainResult:
     """Start the lanes, run the main loop, stop the lanes (re-raising a lane's error), collect."""
     env = run.env
     shared = make_shared(env, p.graph, optimizer_threads(p.config) if env.cuda else None)
-    loop = _MainLoop(p, run, shared, it, on_step, start_step)
+    loop = _MainLoop(p, run, shared, it, on_step, start_step, saver)
     workers = []
     try:
         loop.feed()
@@ -225,10 +237,28 @@ def _drive(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Saver:
+    every: int
+    on_save: OnSave
+    run: setup_mod.Run
+
+    def due(self, global_step: int) -> bool:
+        return global_step % self.every == 0
+
+    def save(self, global_step: int) -> None:
+        if self.run.env.cuda:
+            torch.cuda.synchronize(self.run.env.device)
+        self.on_save(global_step, self.run.extract)
+
+
 class _MainLoop:
     """The main thread's part: feed step s+1, wait for step s, report it. Feeding one step
     ahead keeps the lanes busy across the step boundary; stopping (on_step returned True,
-    Ctrl-C) stops feeding, so the state after the last fed step is consistent."""
+    Ctrl-C) stops feeding, so the state after the last fed step is consistent. Before a save
+    the next step is not fed: with no micro-batch the lanes cannot reach its backward, so no
+    update touches the state while it is read (uploads and prefetches of the next step only
+    read it)."""
 
     def __init__(
         self,
@@ -238,9 +268,10 @@ class _MainLoop:
         it: Iterator[tuple[torch.Tensor, torch.Tensor]],
         on_step: OnStep | None,
         start_step: int,
+        saver: _Saver | None,
     ) -> None:
         self.p, self.run_, self.shared, self.it = p, run, shared, it
-        self.on_step, self.start_step = on_step, start_step
+        self.on_step, self.start_step, self.saver = on_step, start_step, saver
         self.by_step: dict[int, list[str]] = {}
         for op in p.graph.ops:
             self.by_step.setdefault(op.step, []).append(op.id)
@@ -257,8 +288,9 @@ class _MainLoop:
             env.batches.put(mb)
 
     def run(self) -> None:
-        for step in range(1, self.p.config.steps + 1):
-            if not self.stop and self.fed < self.p.config.steps:
+        last = self.p.config.steps
+        for step in range(1, last + 1):
+            while not self.stop and self.fed < min(step + 1, last) and not self.saving(step):
                 self.feed()
             try:
                 wait_ops(self.shared, self.by_step[step])
@@ -269,6 +301,19 @@ class _MainLoop:
             self.report(step)
             if self.stop and step == self.fed:
                 return
+            if self.saving(step):
+                assert self.saver is not None
+                self.saver.save(self.start_step + step)
+                self.feed()
+
+    def saving(self, step: int) -> bool:
+        """Whether the state after `step` is saved before step + 1 is fed."""
+        return (
+            self.saver is not None
+            and step == self.fed
+            and step < self.p.config.steps
+            and self.saver.due(self.start_step + step)
+        )
 
     def sample_memory(self, now: float | None = None) -> None:
         now = time.perf_counter() if now is None else now
