@@ -280,19 +280,22 @@ def write_safetensors(
         offset += t.numel() * t.element_size()
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-    delay_s = knobs_mod.from_env().save_delay_ms / 1e3
+    delay_ms = knobs_mod.from_env().save_delay_ms
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little") + raw)
         for _, t in items:
-            if delay_s:
-                time.sleep(delay_s)
+            if delay_ms:
+                time.sleep(delay_ms / 1e3)
             f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
         f.flush()
         os.fsync(f.fileno())
 
 
 def write_text(path: Path, text: str) -> None:
+    delay_ms = knobs_mod.from_env().save_delay_ms
     with open(path, "w", encoding="utf-8") as f:
+        if delay_ms:
+            time.sleep(delay_ms / 1e3)
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

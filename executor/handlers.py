@@ -100,6 +100,12 @@ def nvme_read(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
         env.nvme.read(b.drive, _act_offset(env, b.src), dst)
 
 
+def collective(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+    raise NotImplementedError(
+        f"op {op.id}: {op.kind} is simulated only (multi-GPU layouts are planned on paper)"
+    )
+
+
 HANDLERS: dict[OpKind, Handler] = {
     OpKind.FWD: compute.fwd,
     OpKind.RECOMPUTE: compute.recompute,
@@ -118,4 +124,9 @@ HANDLERS: dict[OpKind, Handler] = {
     OpKind.ACT_LOAD: copy_activation,
     OpKind.NVME_READ: nvme_read,
     OpKind.NVME_WRITE: nvme_write,
+    OpKind.ALL_REDUCE: collective,
+    OpKind.REDUCE_SCATTER: collective,
+    OpKind.ALL_GATHER: collective,
+    OpKind.ALL_TO_ALL: collective,
+    OpKind.SEND_RECV: collective,
 }

@@ -7,8 +7,9 @@
 - `SLIDE_WAIT_TIMEOUT_S=T`: a wait for a dependency longer than T seconds fails the run, naming
   the op and what it waited for (default 600; 0 disables).
 - `SLIDE_KERNELS=torch`: use the pure-torch references on CUDA too (default: Triton on CUDA).
-- `SLIDE_SAVE_DELAY_MS=X`: sleep X ms before writing each tensor of a checkpoint file, so a
-  crash test can kill the process during each file's write.
+- `SLIDE_SAVE_DELAY_MS=X`: sleep X ms before writing each tensor of a checkpoint file (and
+  inside each of its text files' writes), so a crash test can kill the process during each
+  file's write.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""NVMe tier: one file per drive in a directory, read and written at planned offsets.
+"""NVMe tier: one file per drive, read and written at planned offsets.
+
+Drive k's file is `nvme{k}.bin` in directory k mod (number of directories): give one directory
+per physical drive (`--nvme-dir` repeated) to spread the files, or one for all of them.
 
 I/O is os.pread / os.pwrite on the tensors' bytes (they release the GIL), through the page
 cache. kvikio (GPUDirect Storage) is not wired in yet: it is installed neither here nor on the
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +28,18 @@ from executor.adam import Part
 from executor.buffers import OptState, stripe_numel
 
 log = logging.getLogger("executor.nvme")
+NvmeDirs = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
+def drive_paths(directories: NvmeDirs, drives: int) -> list[Path]:
+    """Drive k's file: `nvme{k}.bin` in directories[k % len(directories)]; one path: all there."""
+    if isinstance(directories, str | os.PathLike):
+        dirs = [Path(directories)]
+    else:
+        dirs = [Path(d) for d in directories]
+    if not dirs:
+        raise ValueError("nvme_dir: give at least one directory for the NVMe drive files")
+    return [dirs[k % len(dirs)] / f"nvme{k}.bin" for k in range(drives)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,15 +83,15 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
 class NvmeStore:
     """The drive files. Offsets are fixed at construction; reads and writes are whole regions."""
 
-    def __init__(self, directory: Path, drives: int, sizes: dict[int, int]) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directories: NvmeDirs, drives: int, sizes: dict[int, int]) -> None:
+        self.paths = drive_paths(directories, drives)
+        for path in self.paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
         self.offset: dict[int, int] = {}  # unit -> offset of its stripes on every drive
         end = 0
         for unit, nbytes in sorted(sizes.items()):
             self.offset[unit], end = end, end + nbytes
         self.act_base = end
-        self.paths = [self.directory / f"nvme{k}.bin" for k in range(drives)]
         self.fds = [os.open(p, os.O_RDWR | os.O_CREAT, 0o600) for p in self.paths]
         log.info("nvme: drive files %s", ", ".join(map(str, self.paths)))
 

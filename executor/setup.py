@@ -12,7 +12,6 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from executor.binding import bind_graph
 from executor.buffers import Buffers, Placement, Setup, allocate, stripe_bytes
 from executor.env import Env, Tokens
 from executor.layout import unit_layouts
-from executor.nvme import NvmeStore, StripeFormat
+from executor.nvme import NvmeDirs, NvmeStore, StripeFormat
 from slide_ir.graph import Tier
 from slide_ir.ledger import lce_chunk_tokens, resident_preference
 from slide_ir.planner import Plan
@@ -110,7 +109,7 @@ def placement_of(p: Plan) -> Placement:
     )
 
 
-def _nvme(p: Plan, s: Setup, directory: Path) -> tuple[NvmeStore | None, StripeFormat | None]:
+def _nvme(p: Plan, s: Setup, directories: NvmeDirs) -> tuple[NvmeStore | None, StripeFormat | None]:
     c = p.config
     if c.optimizer == "cpu" and c.activations != "nvme":
         return None, None
@@ -121,7 +120,7 @@ def _nvme(p: Plan, s: Setup, directory: Path) -> tuple[NvmeStore | None, StripeF
     sizes = {}
     if c.optimizer != "cpu":
         sizes = {u: stripe_bytes(s, s.layouts[u].numel) for u in s.placement.host_updated}
-    return NvmeStore(directory, drives, sizes), fmt
+    return NvmeStore(directories, drives, sizes), fmt
 
 
 def _setup(p: Plan, device: torch.device, dtype: torch.dtype) -> Setup:
@@ -149,7 +148,7 @@ def build(
     optim: AdamWConfig,
     step_offset: int,
     total_steps: int,
-    nvme_dir: Path,
+    nvme_dir: NvmeDirs,
     initial_state: Mapping[str, torch.Tensor],
     initial_optim_state: Mapping[str, torch.Tensor] | None,
 ) -> Run:

@@ -77,7 +77,7 @@ def train(
     on_step: OnStep | None = None,
     initial_optim_state: Mapping[str, torch.Tensor] | None = None,
     start_step: int = 0,
-    nvme_dir: str | Path | None = None,
+    nvme_dir: str | Path | Iterable[str | Path] | None = None,
     the_plan: Plan | None = None,
     save_every: int = 0,
     on_save: OnSave | None = None,
@@ -109,7 +109,7 @@ def train(
             optim=optim,
             step_offset=start_step,
             total_steps=total,
-            nvme_dir=Path(nvme_dir) if nvme_dir else Path(tmp),
+            nvme_dir=nvme_dir or Path(tmp),  # drive k's file in nvme_dir[k % len]; none: a tmp dir
             initial_state=initial_state,
             initial_optim_state=initial_optim_state,
         )
@@ -132,6 +132,9 @@ def _ledger_note(p: Plan) -> str:
 
 def check_feasible(p: Plan, dev: torch.device) -> None:
     """Refuse before allocating anything: the ledger against the machine, then the device."""
+    if dev.type == "cpu":
+        _check_fits_host(p)
+        return
     over = p.ledger.overflows()
     if over:
         tier, short = over[0]
@@ -155,6 +158,19 @@ def check_feasible(p: Plan, dev: torch.device) -> None:
             "plan needs %.2f GiB of host RAM; this host reports %.2f GiB",
             need / 2**30,
             ram / 2**30,
+        )
+
+
+def _check_fits_host(p: Plan) -> None:
+    """CPU mode: the GPU's share of the plan lives in host memory beside the host's own."""
+    parts = {tier: p.ledger.peak_bytes(tier) for tier in ("gpu", "cpu")}
+    need, have = sum(parts.values()), p.ledger.capacity_bytes("cpu")
+    if need > have:
+        raise InfeasiblePlanError(
+            f"plan does not fit this host's memory: on --device cpu it needs "
+            f"{need / 2**30:.2f} GiB (the GPU's part {parts['gpu'] / 2**30:.2f} + the host's "
+            f"{parts['cpu'] / 2**30:.2f}), {(need - have) / 2**30:.2f} GiB more than the "
+            f"{have / 2**30:.2f} GiB usable here; try a smaller --model, --batch or --seq"
         )
 
 

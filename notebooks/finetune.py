@@ -18,6 +18,7 @@
 # streams; the last cell (a 1B-class model) needs a GPU and skips itself without one.
 
 # %%
+import json
 import tempfile
 from pathlib import Path
 
@@ -36,16 +37,18 @@ request = TrainRequest(
     lr=3e-3,
     progress=False,
     out=str(OUT / "checkpoint"),
+    metrics=str(OUT / "metrics.jsonl"),
     gantt=str(OUT / "gantt.png"),
 )
 summary = run_training(request)
 print(
-    f"{summary['steps_done']} steps on {summary['machine']}: loss {summary['losses'][0]:.3f} -> {summary['final_loss']:.3f}"
+    f"{summary['steps_done']} steps on {summary['machine']}: loss {summary['loss_first']:.3f} -> {summary['loss_last']:.3f}"
 )
+rows = [json.loads(line) for line in Path(request.metrics).read_text().splitlines()]
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3))
-ax.plot(range(1, len(summary["losses"]) + 1), summary["losses"], marker=".")
+ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], marker=".")
 ax.set_xlabel("optimizer step")
 ax.set_ylabel("mean token loss (nats)")
 ax.set_title("tiny-llama on the bundled corpus")

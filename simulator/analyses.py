@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from simulator.capacity import fits
 from simulator.run import SimResult, resolve_machine, resolve_model, simulate_plan
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import Machine
 from slide_ir.model import ModelSpec
+from slide_ir.planner import plan
 
 log = logging.getLogger(__name__)
 UTIL_TARGET = 0.97
@@ -91,10 +91,13 @@ def critical_batch(
 
 
 def _largest_fitting(spec: ModelSpec, mach: Machine, config: TrainConfig, limit: int) -> int:
-    """Largest batch in [1, limit] whose ledger fits (0 if none): the ledger alone, no graph."""
+    """Largest batch in [1, limit] whose plan fits (0 if none), by the planner itself, so its
+    "auto" choices (activations on the GPU, streamed units) count as they do in `slide plan`:
+    a ledger with the activations forced to the host overflows the host first (8B on the
+    H200: 35 against 60). The answer fits and the next batch does not (or it is `limit`)."""
 
     def ok(batch: int) -> bool:
-        return fits(spec, mach, replace(config, batch=batch))
+        return plan(spec, mach, replace(config, batch=batch)).feasible
 
     if not ok(1):
         return 0

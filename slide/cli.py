@@ -2,18 +2,20 @@
 
 Each subcommand module has `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
 User errors (`UserError`, or the ValueErrors our configs raise) print one line and exit 2:
-no traceback for a mistyped name or a non-positive batch.
+no traceback for a mistyped name or a non-positive batch. `StopRun` ends a command early with
+its own line and code (0: nothing to do; 130: interrupted), as does Ctrl-C (130).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from slide.commands import COMMANDS
-from slide.errors import UserError
+from slide.errors import StopRun, UserError
 
 GPU_STACK = ("torch", "triton", "transformers", "safetensors")
 
@@ -39,7 +41,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()  # a closed pipe fails here, inside the try, not at interpreter exit
+        return code
+    except BrokenPipeError:  # `slide plan | head`: the reader has all it wanted
+        # the Python docs' recipe: stdout to devnull, so the final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except StopRun as exc:
+        print(f"slide {args.command}: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print(f"slide {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (UserError, ValueError, FileNotFoundError) as exc:
         print(f"slide {args.command}: error: {exc}", file=sys.stderr)
         return 2

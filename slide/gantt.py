@@ -197,7 +197,7 @@ def plot_sweep(
     for i, (label, group) in enumerate(groups.items()):
         c = colours[i % len(colours)]
         pos = [where[p[x]] for p in group]
-        name = f"{label} " if label else ""
+        name = f"{label}: " if label else ""
         ax.plot(pos, [p["tokens_per_s"] for p in group], "o-", color=c, label=f"{name}tokens/s")
         ax.plot(
             pos,

@@ -30,7 +30,14 @@ from executor.adam import AdamWConfig
 from executor.checkpoint import initial_weights, write_hf_model, write_safetensors, write_text
 from executor.data import CORPUS, TokenStream, batches, load_token_stream
 from executor.tokenizer import build_tiny_tokenizer
-from executor.train import InfeasiblePlanError, ReadState, TrainResult, train
+from executor.train import (
+    InfeasiblePlanError,
+    NonFiniteLossError,
+    ReadState,
+    TrainResult,
+    check_feasible,
+    train,
+)
 from slide.checkpoints import STATE_FILE, RunDir
 from slide.errors import StopRun, UserError
 from slide.fileio import write_atomic
@@ -38,7 +45,7 @@ from slide.resume import OPTIM_FILE, Resumed, read_checkpoint, state_json
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import Machine, load_machine, with_drives
 from slide_ir.model import ModelSpec, load_model
-from slide_ir.planner import Plan, plan_from_json
+from slide_ir.planner import Plan, plan, plan_from_json
 from slide_ir.trace import to_chrome_trace, trace_metrics
 
 log = logging.getLogger(__name__)
@@ -107,11 +114,17 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
     )
     start = resumed.steps_done if resumed else 0
     optim = replace(optim, total_steps=resumed.total_steps if resumed else req.config.steps)
+    remaining = replace(req.config, steps=req.config.steps - start)
+    the_plan = saved if saved and saved.config == remaining else plan(spec, machine, remaining)
+    try:
+        check_feasible(the_plan, device)
+    except InfeasiblePlanError as exc:
+        raise UserError(str(exc)) from None
     data = _data(req, spec, start)
     weights = resumed.weights if resumed else _initial(req, spec)
     run_dir = _open_out(req, resumed)
     try:
-        return _run(req, spec, machine, saved, optim, data, weights, resumed, run_dir)
+        return _run(req, the_plan, optim, data, weights, resumed, run_dir)
     finally:
         if run_dir is not None:
             run_dir.close()
@@ -126,9 +139,7 @@ def _open_out(req: TrainRequest, resumed: Resumed | None) -> RunDir | None:
 
 def _run(
     req: TrainRequest,
-    spec: ModelSpec,
-    machine: Machine,
-    saved: Plan | None,
+    the_plan: Plan,
     optim: AdamWConfig,
     data: Iterator[tuple[torch.Tensor, torch.Tensor]],
     weights: Mapping[str, torch.Tensor],
@@ -136,19 +147,18 @@ def _run(
     run_dir: RunDir | None,
 ) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
-    config = replace(req.config, steps=req.config.steps - start)
-    ckpt = _Checkpointer(req, spec, optim, run_dir)
+    ckpt = _Checkpointer(req, the_plan.model, optim, run_dir)
     reporter = _Reporter(req, total=req.config.steps, start=start)
     stop = _CtrlC()
     result = None
     try:
         with stop:
             result = train(
-                spec,
-                machine,
-                config,
+                the_plan.model,
+                the_plan.machine,
+                the_plan.config,
                 initial_state=weights,
-                the_plan=saved if saved and saved.config == config else None,
+                the_plan=the_plan,
                 batches=data,
                 optim=optim,
                 device=torch.device(req.device) if req.device else None,
@@ -164,14 +174,15 @@ def _run(
             done = start + result.steps_done
             if run_dir and result.steps_done:
                 ckpt.save(done, lambda: (result.final_state, result.optim_state))
-    except InfeasiblePlanError as exc:
-        raise UserError(str(exc)) from None
     except KeyboardInterrupt:
         where = f"; the last checkpoint is {ckpt.last}" if ckpt.last else ""
         raise StopRun(f"aborted{where}", code=130) from None
+    except NonFiniteLossError as exc:
+        where = f"; the last checkpoint is {ckpt.last}" if ckpt.last else ""
+        raise StopRun(f"error: {exc}{where}", code=1) from None
     finally:
         reporter.close()
-    return _finish(req, result, reporter, done, machine, ckpt, interrupted=stop.requested)
+    return _finish(req, result, reporter, done, the_plan.machine, ckpt, interrupted=stop.requested)
 
 
 def _dtype(name: str | None) -> torch.dtype | None:
@@ -245,7 +256,10 @@ def _saved_plan(path: str | None) -> Plan | None:
         return None
     if not Path(path).is_file():
         raise UserError(f"plan file {path} does not exist")
-    return plan_from_json(Path(path).read_text())
+    try:
+        return plan_from_json(Path(path).read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError (a binary file) too
+        raise UserError(f"plan file {path} is not a plan `slide plan --out` wrote: {exc}") from None
 
 
 def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:

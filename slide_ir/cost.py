@@ -228,6 +228,13 @@ def _drive(rates: tuple[float, ...], op: Op) -> float:
     return rates[index]
 
 
+def _collective(cm: CostModel, op: Op) -> float:
+    raise ValueError(
+        f"op {op.id}: a {op.kind} needs the links of a cluster; price layout graphs with "
+        "slide_ir.layout_cost.LayoutCosts"
+    )
+
+
 HANDLERS: Mapping[OpKind, Handler] = {
     OpKind.FWD: _gpu_compute,
     OpKind.RECOMPUTE: _gpu_compute,
@@ -246,6 +253,11 @@ HANDLERS: Mapping[OpKind, Handler] = {
     OpKind.ACT_LOAD: _transfer,
     OpKind.NVME_READ: _nvme_read,
     OpKind.NVME_WRITE: _nvme_write,
+    OpKind.ALL_REDUCE: _collective,
+    OpKind.REDUCE_SCATTER: _collective,
+    OpKind.ALL_GATHER: _collective,
+    OpKind.ALL_TO_ALL: _collective,
+    OpKind.SEND_RECV: _collective,
 }
 
 

@@ -47,6 +47,12 @@ class OpKind(StrEnum):
     ACT_LOAD = "act_load"  # copy it back CPU -> GPU ahead of the layer's recompute (h2d lane)
     NVME_READ = "nvme_read"  # read optimizer state or activations from NVMe
     NVME_WRITE = "nvme_write"  # write them back
+    # Collectives on a `net` lane (multi-GPU layouts; work.bytes = the full logical message):
+    ALL_REDUCE = "all_reduce"  # sum a tensor across a group (TP blocks, unsharded DP grads)
+    REDUCE_SCATTER = "reduce_scatter"  # sum and leave each rank its shard (sharded DP grads)
+    ALL_GATHER = "all_gather"  # every rank gets every shard (weights after a sharded update)
+    ALL_TO_ALL = "all_to_all"  # each rank sends a slice to every other (EP dispatch/combine)
+    SEND_RECV = "send_recv"  # point to point (PP activations/grads, the CP key/value ring)
 
 
 class Tier(StrEnum):
@@ -58,7 +64,7 @@ class Tier(StrEnum):
     NVME = "nvme"
 
 
-LANE_KINDS = ("gpu", "h2d", "d2h", "cpu", "nvme")
+LANE_KINDS = ("gpu", "h2d", "d2h", "cpu", "nvme", "net")
 
 
 def lane_kind(lane: str) -> str:

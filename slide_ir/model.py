@@ -22,10 +22,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from slide_ir import moe
 from slide_ir.dtypes import DTYPE_BYTES as DTYPE_BYTES  # re-exported: model.DTYPE_BYTES
 from slide_ir.dtypes import dtype_bytes
+from slide_ir.moe import check as moe_check
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Mixture-of-experts architectures: planned on paper by `slide layout` (slide_ir.moe reads their
+# configs); the executor builds only SUPPORTED_MODEL_TYPES, and `load_model` refuses these.
+MOE_MODEL_TYPES = ("qwen3_moe", "glm4_moe", "deepseek_v3")
+# Counts that are 0 on a dense model (MoE and multi-head latent attention shapes).
+_ZERO_OK = frozenset({"num_experts", "experts_per_token", "shared_experts",
+                      "moe_intermediate_size", "dense_layers", "q_lora_rank", "kv_lora_rank",
+                      "qk_rope_head_dim", "v_head_dim"})  # fmt: skip
 _BF16, _FP32 = 2, 4
 
 
@@ -66,18 +75,36 @@ class ModelSpec:
     max_position_embeddings: int = 4096
     sliding_window: int | None = None
     hidden_act: str = "silu"
+    # Mixture of experts (all 0 on a dense model): routed experts per MoE layer, experts each
+    # token is routed to, always-active shared experts, one expert's FFN width, and how many
+    # leading decoder layers keep the dense MLP (`first_k_dense_replace`).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    dense_layers: int = 0
+    # Multi-head latent attention (DeepSeek; 0 = plain GQA): `head_dim` is then the q/k head
+    # width (nope + rope) and `v_head_dim` the value head width.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
     source: str = ""
     hf_config_json: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name must be a non-empty string")
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model_type must be one of {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if self.model_type not in SUPPORTED_MODEL_TYPES + MOE_MODEL_TYPES:
+            raise ValueError(
+                f"model_type must be one of {', '.join(SUPPORTED_MODEL_TYPES)} "
+                f"(or, for layout planning only, {', '.join(MOE_MODEL_TYPES)})"
+            )
         for f in (f.name for f in fields(self) if f.type == "int"):  # sizes and counts
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{f} must be an integer >= 1; got {v!r}")
+            v, low = getattr(self, f), 0 if f in _ZERO_OK else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{f} must be an integer >= {low}; got {v!r}")
+        moe_check(self)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_kv_heads must divide num_heads ({self.num_heads}); got {self.num_kv_heads}"
@@ -119,14 +146,30 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
     def layer_matmul_params(self) -> int:
-        """Weights of the 7 linears (q, k, v, o, gate, up, down): the ones that cost 2 FLOPs/token."""
+        """Weights of the 7 linears (q, k, v, o, gate, up, down): the ones that cost 2 FLOPs/token.
+
+        MoE: the weights one token multiplies in an MoE layer (attention, router, its
+        `experts_per_token` routed experts and the shared ones), so FLOPs follow active params.
+        """
+        if self.is_moe or self.q_lora_rank or self.kv_lora_rank:
+            return moe.active_matmul_params(self, self.num_layers)
         attn = self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
         return attn + 3 * self.hidden_size * self.intermediate_size
 
     @property
     def layer_params(self) -> int:
-        """All parameters of one decoder layer: linears, biases, RMSNorm weights."""
+        """All parameters of one decoder layer: linears, biases, RMSNorm weights.
+
+        MoE: the largest layer (an MoE layer, every expert counted: memory follows total
+        params); `slide_ir.moe.layer_params(spec, i)` gives each layer's own count.
+        """
+        if self.is_moe or self.q_lora_rank or self.kv_lora_rank:
+            return max(moe.layer_params(self, i) for i in (1, self.num_layers))
         h, i = self.hidden_size, self.intermediate_size
         biases = (self.q_dim + 2 * self.kv_dim) * self.attention_bias
         biases += h * self.o_proj_bias + (2 * i + h) * self.mlp_bias
@@ -148,6 +191,9 @@ class ModelSpec:
 
     @property
     def total_params(self) -> int:
+        if self.is_moe or self.q_lora_rank or self.kv_lora_rank:
+            body = sum(moe.layer_params(self, i) for i in range(1, self.num_layers + 1))
+            return body + self.final_norm_params + self.embedding_params + self.lm_head_params
         body = self.num_layers * self.layer_params + self.final_norm_params
         return body + self.embedding_params + self.lm_head_params
 
@@ -175,7 +221,8 @@ class ModelSpec:
         """
         s, w = seq, self.sliding_window
         pairs = s * s / 2 if w is None or w >= s else s * w - w * w / 2
-        return 2 * 2 * batch * self.num_heads * pairs * self.head_dim
+        v_dim = self.v_head_dim or self.head_dim  # MLA: QK^T at head_dim, AV at v_head_dim
+        return 2 * batch * self.num_heads * pairs * (self.head_dim + v_dim)
 
     def layer_fwd_flops(self, batch: int, seq: int) -> float:
         """Forward FLOPs of one layer (also the cost of its recompute under checkpointing)."""

@@ -8,12 +8,14 @@ user can see it) but reports its overflow; engines refuse to run it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeVar
 
 from slide_ir.baselines import emit_gpu_only, emit_zero_offload
 from slide_ir.builder import GraphBuilder
 from slide_ir.config import TrainConfig
-from slide_ir.graph import Graph, GraphInfo, load_versioned
+from slide_ir.graph import Graph, GraphInfo
 from slide_ir.hardware import Machine, load_machine_toml, machine_to_toml
 from slide_ir.ledger import Ledger, build_ledger, resident_preference
 from slide_ir.model import ModelSpec
@@ -22,6 +24,7 @@ from slide_ir.sliding import emit_sliding
 from slide_ir.streaming import choose_streamed, state_pace
 
 PLAN_VERSION = 1
+T = TypeVar("T")
 EMITTERS = {"sliding": emit_sliding, "zero-offload": emit_zero_offload, "gpu-only": emit_gpu_only}
 
 
@@ -131,12 +134,51 @@ def plan_to_json(p: Plan) -> str:
     )
 
 
+PLAN_KEYS = ("version", "model", "model_name", "machine_toml", "config", "graph")
+
+
 def plan_from_json(text: str) -> Plan:
-    """Re-plan from the saved inputs; the graph must come out equal to the saved one."""
-    data = load_versioned(text, PLAN_VERSION, "plan")
-    model = ModelSpec.from_hf_config(data["model"], name=data["model_name"])
-    machine = load_machine_toml(data["machine_toml"])
-    p = plan(model, machine, TrainConfig(**data["config"]))
-    if p.graph != Graph.from_json(json.dumps(data["graph"])):
+    """Re-plan from the saved inputs; the graph must come out equal to the saved one.
+
+    Text that is not such a plan (not JSON, another document, a field missing or mistyped) is a
+    ValueError saying what is wrong, for the caller to prefix with the file's name."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"not a saved plan: a JSON {type(data).__name__}, not an object")
+    missing = [k for k in PLAN_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"not a saved plan: no {', '.join(map(repr, missing))} field")
+    if data["version"] != PLAN_VERSION:
+        found = data["version"]
+        raise ValueError(
+            f"plan format version {found!r} unsupported (this Slide reads {PLAN_VERSION})"
+        )
+    name = _saved_field("model_name", lambda: _text(data, "model_name"))
+    origin = "HF config"
+    model = _saved_field(
+        "model", lambda: ModelSpec.from_hf_config(data["model"], name=name, origin=origin)
+    )
+    machine = _saved_field("machine_toml", lambda: load_machine_toml(_text(data, "machine_toml")))
+    config = _saved_field("config", lambda: TrainConfig(**data["config"]))
+    graph = _saved_field("graph", lambda: Graph.from_json(json.dumps(data["graph"])))
+    p = plan(model, machine, config)
+    if p.graph != graph:
         raise ValueError("saved plan's graph differs from a fresh plan of its inputs (edited?)")
     return p
+
+
+def _text(data: dict[str, Any], key: str) -> str:
+    if not isinstance(data[key], str):
+        raise ValueError(f"expected a string, got {type(data[key]).__name__}")
+    return str(data[key])
+
+
+def _saved_field(name: str, parse: Callable[[], T]) -> T:
+    try:
+        return parse()
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"the plan's {name!r} field is malformed: {what}") from exc

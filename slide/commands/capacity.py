@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from simulator.capacity import capacity, placements
-from slide.commands.common import DEFAULT_MACHINE, add_machine_overrides
+from slide.commands.common import DEFAULT_MACHINE, add_machine_overrides, drive_count
 from slide_ir.config import ACTIVATION_PLACES, OPTIMIZER_PLACES, TrainConfig
 from slide_ir.hardware import load_machine
 
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    machine = load_machine(args.machine, ram_gb=args.ram_gb, nvme=args.nvme)
+    machine = load_machine(args.machine, ram_gb=args.ram_gb, nvme=drive_count(args))
     wanted = [
         (a, o)
         for a, o in placements(machine)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
+from slide.errors import UserError
 from slide_ir.config import (
     ACTIVATION_CHOICES,
     CLIP_MODES,
@@ -37,6 +40,14 @@ def add_model_machine(parser: argparse.ArgumentParser) -> None:
 def add_machine_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ram-gb", type=float, help="override the machine's usable DRAM (GB)")
     parser.add_argument("--nvme", type=int, help="override the number of NVMe drives")
+    parser.add_argument(
+        "--nvme-dir",
+        action="append",
+        dest="nvme_dir",
+        metavar="DIR",
+        help="a writable directory on one NVMe drive, for that drive's file; repeat it once per "
+        "drive (the drive count is then the number given)",
+    )
 
 
 def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> None:
@@ -81,7 +92,43 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
 
 
 def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Machine]:
-    return load_model(args.model), load_machine(args.machine, ram_gb=args.ram_gb, nvme=args.nvme)
+    machine = load_machine(args.machine, ram_gb=args.ram_gb, nvme=drive_count(args))
+    return load_model(args.model), machine
+
+
+def drive_count(args: argparse.Namespace) -> int | None:
+    """The NVMe drive count asked for: one per `--nvme-dir`, else `--nvme` (None: the machine's)."""
+    dirs = nvme_dirs(args)
+    if not dirs:
+        return args.nvme
+    if args.nvme is not None and args.nvme != len(dirs):
+        raise UserError(
+            f"--nvme {args.nvme} disagrees with the {len(dirs)} --nvme-dir given (one per drive): "
+            f"drop --nvme, or give one --nvme-dir per drive"
+        )
+    return len(dirs)
+
+
+def nvme_dirs(args: argparse.Namespace) -> tuple[str, ...]:
+    """The `--nvme-dir` directories, each checked to exist, be a directory and be writable."""
+    dirs = tuple(args.nvme_dir or ())
+    for d in dirs:
+        if not Path(d).exists():
+            raise UserError(f"--nvme-dir {d}: no such directory (create it on the NVMe drive)")
+        if not Path(d).is_dir():
+            raise UserError(f"--nvme-dir {d}: not a directory")
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise UserError(f"--nvme-dir {d}: not writable by this user")
+    seen: dict[str, str] = {}
+    for d in dirs:
+        real = os.path.realpath(d)
+        if real in seen:
+            raise UserError(
+                f"--nvme-dir {d} names the same directory as --nvme-dir {seen[real]}: "
+                "give one directory per drive"
+            )
+        seen[real] = d
+    return dirs
 
 
 def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:

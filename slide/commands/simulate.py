@@ -1,7 +1,7 @@
 """`slide simulate`: plan, simulate a few steps, report throughput, eta and the bottleneck.
 
 Exit status 1 (with the ledger's overflow and suggestions) when the configuration does not fit:
-an infeasible plan is reported, never simulated.
+an infeasible plan is reported, never simulated. 2 for a user error, as for `slide plan`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,15 @@ from slide_ir.trace import to_chrome_trace
 NAME = "simulate"
 HELP = "simulate a fine-tuning run: step time, tokens/s, eta, bottleneck, memory over time"
 GB = 1e9
+EXIT_CODES = (
+    "exit status: 0 it fits and was simulated; 1 it does not fit (its plan is printed, with what "
+    "overflows and what would fit, and nothing is simulated); 2 a user error (bad name, value or "
+    "file)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXIT_CODES
     add_model_machine(parser)
     add_train_config(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,8 +1,9 @@
 """`slide sweep`: throughput, eta and memory over a grid of batches, models, drives, schedules.
 
 Every comma list is one axis (`--batch 1,2,4,8`, `--model qwen2.5-3b,qwen2.5-7b`, `--nvme 1,2,4`,
-`--schedules sliding,zero-offload`); the grid is their product. Prints a table (or JSON) and
-writes a plot against the first axis with more than one value.
+`--schedules sliding,zero-offload`); the grid is their product. Prints a table (or JSON), shows
+a progress bar on stderr, and with `--plot FILE` draws the rows against the first axis with more
+than one value (one line per value of the other varying axes: a model, a schedule, "2 drives").
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from tqdm import tqdm
+
 from simulator.run import simulate_plan
 from slide.commands.common import DEFAULT_MACHINE, DEFAULT_MODEL, add_train_config, train_config
 from slide_ir.config import SCHEDULES
@@ -20,7 +23,7 @@ from slide_ir.hardware import load_machine
 from slide_ir.model import load_model
 
 NAME = "sweep"
-HELP = "simulate a grid of batches / models / NVMe drives / schedules: table and plot"
+HELP = "simulate a grid of batches / models / NVMe drives / schedules: a table, a plot on request"
 GB = 1e9
 
 
@@ -34,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", default="1,2,4,8,16,32,64", help="comma list [1,2,4,8,16,32,64]")
     add_train_config(parser, batch=False)
     parser.add_argument("--schedules", help=f"comma list of schedules ({', '.join(SCHEDULES)})")
-    parser.add_argument("--plot", metavar="PNG", default="sweep.png", help="plot file [sweep.png]")
-    parser.add_argument("--no-plot", action="store_true", help="write no plot")
+    parser.add_argument("--plot", metavar="PNG", help="write a plot of the rows to this file")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
 
 
@@ -69,9 +72,12 @@ def run(args: argparse.Namespace) -> int:
         n: load_machine(args.machine, ram_gb=args.ram_gb, nvme=n) for n in axes["nvme_drives"]
     }
     base = train_config(args, batch=axes["batch"][0])
+    grid = list(
+        itertools.product(axes["model"], axes["nvme_drives"], axes["schedule"], axes["batch"])
+    )
     rows = []
-    for model, drives, schedule, batch in itertools.product(
-        axes["model"], axes["nvme_drives"], axes["schedule"], axes["batch"]
+    for model, drives, schedule, batch in tqdm(
+        grid, desc="sweep", unit="point", disable=args.no_progress
     ):
         config = replace(base, batch=batch, schedule=schedule)
         row = simulate_plan(models[model], machines[drives], config).summary()
@@ -81,12 +87,12 @@ def run(args: argparse.Namespace) -> int:
     )
     varying = [k for k in ("model", "schedule", "nvme_drives") if k != x and len(axes[k]) > 1]
     for r in rows:
-        r["series"] = " ".join(f"{r[k]}" for k in varying)
+        r["series"] = " ".join(series_label(k, r[k]) for k in varying)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(render_table(rows))
-    if not args.no_plot:
+    if args.plot:
         from slide.gantt import plot_sweep
 
         plot_sweep(
@@ -99,6 +105,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0
+
+
+def series_label(key: str, value: object) -> str:
+    """A legend's name for one value of a varying axis: "qwen2.5-3b", "sliding", "2 drives"."""
+    if key == "nvme_drives":
+        return f"{value} drive" if value == 1 else f"{value} drives"
+    return str(value)
 
 
 COLUMNS = (

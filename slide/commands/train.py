@@ -11,7 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from slide.commands.common import add_machine_overrides, add_train_config, train_config
+from slide.commands.common import (
+    add_machine_overrides,
+    add_train_config,
+    drive_count,
+    nvme_dirs,
+    train_config,
+)
 from slide.errors import StopRun, UserError
 
 NAME = "train"
@@ -89,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         machine=args.machine,
         ram_gb=args.ram_gb,
-        nvme=args.nvme,
+        nvme=drive_count(args),
         config=train_config(args),
         plan_file=args.plan,
         data=args.data,
@@ -110,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         keep=args.keep,
         resume=args.resume,
         extend_schedule=args.extend_schedule,
-        nvme_dirs=tuple(getattr(args, "nvme_dir", None) or ()),
+        nvme_dirs=nvme_dirs(args),
         metrics=args.metrics,
         trace=args.trace,
         gantt=args.gantt,

@@ -123,7 +123,7 @@ def test_trace_has_one_span_per_op() -> None:
 
 def test_infeasible_plan_is_refused_before_allocating() -> None:
     model = load_model("llama-3.1-405b")
-    with pytest.raises(InfeasiblePlanError, match=r"cpu needs .* GiB more than"):
+    with pytest.raises(InfeasiblePlanError, match=r"on --device cpu it needs .* GiB more than"):
         train(
             model,
             load_machine("h200-16c-128g"),

@@ -1,6 +1,9 @@
 """`slide plan`, `slide models`, `slide machines` through `main([...])`, as a user runs them."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -80,7 +83,7 @@ def test_infeasible_plan_says_which_tier_and_what_would_fit(capsys):
         "--ram-gb",
         "64",
     )
-    assert code == 0
+    assert code == 1  # a result, printed in full, with its verdict: not a user error (2)
     assert "does not fit" in out and "gpu by" in out and "cpu by" in out
     assert "--activations cpu" in out or "--batch" in out
     assert "--optimizer nvme" in out
@@ -149,7 +152,7 @@ def test_catalog_listings(capsys):
 def test_72b_on_the_4090_pc_gets_a_gpu_suggestion_that_fits(capsys):
     """72B's GPU overflow on a 24 GiB card is fixed by the batch the advice names."""
     code, out, _ = run(capsys, "plan", "--model", "qwen2.5-72b", "--machine", "paper-pc-4090")
-    assert code == 0
+    assert code == 1
     line = next(x for x in out.splitlines() if "(--batch" in x or "--cache-units 2 --batch" in x)
     flags = line.rsplit("(", 1)[1].rstrip(")").split()
     code, out, _ = run(
@@ -168,3 +171,102 @@ def test_plan_compares_with_the_baseline_schedules(capsys):
     assert base["zero-offload"]["cpu"] > 12 * params
     code, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b")
     assert code == 0 and "for comparison, the same run needs: gpu-only GPU" in out
+
+
+# -- exit status: 0 fits, 1 does not fit (a result, printed), 2 a user error ---------------------
+FITS = ("--model", "qwen2.5-0.5b", "--machine", "paper-pc-4090", "--batch", "2", "--seq", "128")
+TOO_BIG = ("--model", "qwen2.5-72b", "--machine", "paper-pc-4090")
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_plan_and_simulate_share_one_exit_rule(capsys, command, as_json):
+    extra = ("--steps", "2", "--json") if as_json else ("--steps", "2")
+    code, out, err = run(capsys, command, *FITS, *extra)
+    assert (code, err) == (0, "")
+    code, out, err = run(capsys, command, *TOO_BIG, *extra)
+    assert code == 1 and err == ""
+    if as_json:
+        assert json.loads(out)["feasible"] is False
+    else:
+        assert "does not fit" in out  # the plan is still shown, with its verdict
+    code, _, err = run(capsys, command, *FITS, "--batch", "0")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_help_states_the_exit_rule(capsys, command):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog
+    assert "exit status: 0" in text and "; 1 it does not fit" in text
+    assert "2 a user error" in text
+
+
+# -- --nvme-dir: one directory per drive --------------------------------------------------------
+NVME_PLAN = (*FITS, "--optimizer", "nvme", "--json")
+
+
+def nvme_capacity(capsys, *argv):
+    code, out, err = run(capsys, "plan", *NVME_PLAN, *argv)
+    assert code == 0, err
+    return json.loads(out)["memory"]["nvme"]["capacity_bytes"]
+
+
+def test_nvme_dirs_set_the_drive_count(capsys, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    one = nvme_capacity(capsys, "--nvme", "1")
+    two = nvme_capacity(capsys, "--nvme", "2")
+    assert two == 2 * one
+    assert nvme_capacity(capsys, "--nvme-dir", str(a)) == one
+    assert nvme_capacity(capsys, "--nvme-dir", str(a), "--nvme-dir", str(b)) == two
+    assert nvme_capacity(capsys, "--nvme-dir", str(a), "--nvme-dir", str(b), "--nvme", "2") == two
+    code, out, _ = run(
+        capsys, "simulate", *FITS, "--steps", "2", "--optimizer", "nvme", "--json",
+        "--nvme-dir", str(a), "--nvme-dir", str(b),
+    )  # fmt: skip
+    assert code == 0 and json.loads(out)["capacity"]["nvme"] == two
+
+
+def test_bad_nvme_dirs_are_one_line_errors(capsys, tmp_path):
+    a, b, f = tmp_path / "a", tmp_path / "b", tmp_path / "file"
+    a.mkdir()
+    b.mkdir()
+    f.write_text("x")
+    cases = [
+        (["--nvme-dir", str(a), "--nvme", "2"], "--nvme 2 disagrees with the 1 --nvme-dir"),
+        (["--nvme-dir", str(tmp_path / "nope")], f"--nvme-dir {tmp_path / 'nope'}: no such"),
+        (["--nvme-dir", str(f)], f"--nvme-dir {f}: not a directory"),
+        (["--nvme-dir", str(a), "--nvme-dir", f"{b}/../a"], "names the same directory as"),
+    ]
+    if os.geteuid() != 0:  # root may write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        cases.append((["--nvme-dir", str(ro)], f"--nvme-dir {ro}: not writable"))
+    for command in ("plan", "simulate"):
+        for argv, needle in cases:
+            code, out, err = run(capsys, command, *FITS, "--optimizer", "nvme", *argv)
+            assert code == 2 and out == "", argv
+            assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+# -- a closed pipe ends the command quietly -------------------------------------------------------
+def test_output_into_head_exits_quietly():
+    """`slide ... | head -n 1`: the reader leaves after one line; more than a pipe buffer (64 KiB)
+    of output is still to come, so the next write fails with EPIPE."""
+    batches = ",".join(str(b) for b in range(1, 101))  # ~150 kB of JSON
+    argv = [sys.executable, "-m", "slide.cli", "sweep", "--model", "tiny-llama", "--batch"]
+    slide = subprocess.Popen(
+        [*argv, batches, "--steps", "2", "--json", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    head = subprocess.run(["head", "-n", "1"], stdin=slide.stdout, capture_output=True, timeout=60)
+    slide.stdout.close()  # head holds the only reader now
+    err = slide.stderr.read().decode()
+    assert slide.wait(timeout=60) == 0, err
+    assert head.stdout == b"[\n"
+    assert err == ""  # no traceback, no "Exception ignored ... BrokenPipeError"

@@ -128,7 +128,6 @@ def test_sweep_json_over_nvme_drives(capsys):
         "--steps",
         "2",
         "--json",
-        "--no-plot",
     )
     assert code == 0
     rows = json.loads(out)
@@ -223,3 +222,45 @@ def test_gantt_zooms_to_a_step_and_refuses_unknown_steps(tmp_path):
     assert plot_gantt(trace, tmp_path / "z.png", zoom=2).stat().st_size > 10_000
     with pytest.raises(ValueError, match="step must be one of"):
         plot_gantt(trace, tmp_path / "bad.png", zoom=7)
+
+
+# -- sweep: a plot only when asked, a progress bar, legends that name drives ---------------------
+def test_sweep_writes_nothing_unasked_and_shows_progress(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "sweep", *SMALL, "--batch", "2,4", "--steps", "2")
+    assert code == 0 and "tokens_per_s" in out and "plot" not in out
+    assert list(tmp_path.iterdir()) == []
+    assert "sweep" in err and "2/2" in err  # tqdm's bar, on stderr
+    code, out, err = run(capsys, "sweep", *SMALL, "--batch", "2,4", "--steps", "2", "--no-progress")
+    assert code == 0 and err == ""
+
+
+def test_sweep_names_drive_counts_in_series_and_legend(capsys, tmp_path, monkeypatch):
+    from slide import gantt
+
+    figures = []
+    monkeypatch.setattr(gantt.plt, "close", figures.append)  # keep the figure to read its legend
+    argv = ("--batch", "2,8", "--nvme", "1,2", "--optimizer", "nvme", "--steps", "2")
+    plot = tmp_path / "drives.png"
+    code, out, _ = run(capsys, "sweep", *SMALL, *argv, "--json", "--plot", str(plot))
+    assert code == 0 and plot.read_bytes()[:4] == b"\x89PNG"
+    assert [r["series"] for r in json.loads(out)] == ["1 drive", "1 drive", "2 drives", "2 drives"]
+    (fig,) = figures
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "1 drive: tokens/s" in labels and "2 drives: tokens/s" in labels
+
+
+# -- critical-batch: "largest batch that fits" is what `slide plan` says ----------------------------
+@pytest.mark.parametrize("activations", ["auto", "cpu"])
+def test_largest_fitting_batch_agrees_with_plan(capsys, activations):
+    flags = ("--model", "llama-3.1-8b", "--machine", "h200-16c-128g", "--activations", activations)
+    code, out, _ = run(capsys, "critical-batch", *flags, "--steps", "2", "--json")
+    assert code == 0
+    largest = json.loads(out)["max_feasible_batch"]
+    assert largest >= 1
+    for batch, fits in ((largest, True), (largest + 1, False)):
+        code, out, _ = run(capsys, "plan", *flags, "--batch", str(batch), "--json")
+        assert json.loads(out)["feasible"] is fits and code == (0 if fits else 1), batch
+    if activations == "auto":  # the table says the same
+        code, out, _ = run(capsys, "critical-batch", *flags, "--steps", "2")
+        assert f"largest batch that fits:                {largest}\n" in out

@@ -1,0 +1,154 @@
+"""What one GPU of each pipeline stage holds and does per micro-batch: parameters, FLOPs,
+activation bytes and collective message sizes. Physical units only (never seconds).
+
+Per GPU of stage s (layers (s-1)L/p + 1 .. sL/p; the embedding on the first stage, final norm
+and LM head on the last):
+- parameters: non-expert ones / TP, routed experts / EP (expert TP = 1);
+- FLOPs per micro-batch: every active FLOP of the stage / (TP x CP): TP splits the matmuls,
+  CP the tokens, EP only moves tokens (balanced routing assumed); attention FLOPs are also
+  multiplied by the zigzag imbalance (slowest CP rank);
+- activations: `activation_terms` per token, / (TP x CP) (sequence parallelism shards norms
+  and residuals too).
+
+Messages per micro-batch (bytes, BF16 activations), the full logical tensor of each collective:
+- TP: 2 all-reduce-equivalents per layer per pass (attention and MLP block; with sequence
+  parallelism an all-gather + reduce-scatter of tokens/CP x hidden moves the same bytes);
+- CP: a ring exchange of K and V, (CP - 1) rounds of one rank's chunk (forward); backward sends
+  K, V and their gradients (2x);
+- EP: dispatch + combine all-to-all of local tokens x experts-per-token x hidden per MoE layer
+  and pass;
+- PP: one send of the stage's output activations (tokens/(TP x CP) x hidden), one of its grad;
+- DP: the stage's gradients once per step (FP32 as kept), reduce-scattered (sharded optimizer)
+  or all-reduced; weights (BF16) all-gathered after a sharded update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slide_ir import moe
+from slide_ir.layout import Layout, cp_imbalance
+from slide_ir.model import ModelSpec
+
+BF16, FP32 = 2, 4
+
+
+def stage_layers(spec: ModelSpec, pp: int, stage: int) -> range:
+    """Decoder layers (1-based) of pipeline stage `stage` (0-based), even split."""
+    per = spec.num_layers // pp
+    return range(stage * per + 1, (stage + 1) * per + 1)
+
+
+def activation_terms(spec: ModelSpec, layer: int) -> dict[str, int]:
+    """Bytes autograd keeps per token for one layer's backward (no recompute), unsharded.
+
+    Attention block: norm output, q/k/v, q/k after RoPE, attention output, FP32 logsumexp
+    per head, both norms' FP32 rstd, residual, second norm output, layer output. MLP: gate and
+    up, their SwiGLU product; MoE layer: FP32 router scores, and per routed copy the permuted
+    input, gate/up and product, plus the shared experts' gate/up/product.
+    """
+    h, q = spec.hidden_size, spec.num_heads * spec.head_dim
+    k, v = (q, moe.v_dim(spec)) if spec.kv_lora_rank else (spec.kv_dim, spec.kv_dim)
+    terms = {
+        "norm1.out": h * BF16,
+        "qkv": (q + k + v) * BF16,
+        "qk.rope": (q + k) * BF16,
+        "attn.out": spec.num_heads * (spec.v_head_dim or spec.head_dim) * BF16,
+        "attn.lse": spec.num_heads * FP32,
+        "norm.rstd": 2 * FP32,
+        "resid": h * BF16,
+        "norm2.out": h * BF16,
+        "out": h * BF16,
+    }
+    if spec.kv_lora_rank:  # MLA keeps the compressed q and kv it expands
+        terms["mla.latent"] = (spec.q_lora_rank + spec.kv_lora_rank) * BF16
+    if not moe.is_moe_layer(spec, layer):
+        terms["mlp"] = 3 * spec.intermediate_size * BF16
+        return terms
+    im = spec.moe_intermediate_size
+    terms["router"] = spec.num_experts * FP32
+    terms["experts"] = spec.experts_per_token * (h + 3 * im) * BF16
+    terms["shared"] = spec.shared_experts * 3 * im * BF16
+    return terms
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageWork:
+    """One GPU of one pipeline stage, per micro-batch unless named per step."""
+
+    stage: int
+    layers: int
+    moe_layers: int
+    dense_params: int  # this GPU's share of non-expert weights
+    expert_params: int  # this GPU's share of routed-expert weights
+    fwd_flops: float
+    fwd_attn_flops: float
+    fwd_bytes: int  # elementwise HBM traffic of the forward
+    act_bytes: int  # kept for backward per micro-batch (all layers, no recompute)
+    input_bytes: int  # layer inputs kept per micro-batch under recompute
+    layer_peak_bytes: int  # one layer's saved tensors: the recompute working set
+    logits_bytes: int  # last stage: logits, FP32 copy and gradient
+    tp_bytes: int  # TP collective message per pass (all layers)
+    cp_bytes: int  # CP ring bytes sent per rank in the forward
+    ep_bytes: int  # EP all-to-all bytes per rank per pass
+    pp_bytes: int  # activation (or gradient) sent to the neighbour stage
+
+    @property
+    def params(self) -> int:
+        return self.dense_params + self.expert_params
+
+
+def stage_work(spec: ModelSpec, lay: Layout, stage: int) -> StageWork:
+    layers = stage_layers(spec, lay.pp, stage)
+    b, s, split = lay.micro_batch_size, lay.seq, lay.tp * lay.cp
+    tokens = b * s
+    dense = sum(moe.layer_params(spec, i) - moe.routed_expert_params(spec, i) for i in layers)
+    experts = sum(moe.routed_expert_params(spec, i) for i in layers)
+    last = stage == lay.pp - 1
+    if stage == 0:
+        dense += spec.embedding_params
+    if last:
+        dense += spec.final_norm_params + spec.lm_head_params
+    attn = spec.attention_fwd_flops(b, s) * len(layers)
+    linear = sum(2.0 * tokens * moe.active_matmul_params(spec, i) for i in layers)
+    if last:
+        linear += spec.head_fwd_flops(b, s)
+    per_layer_act = [sum(activation_terms(spec, i).values()) * tokens // split for i in layers]
+    hidden_local = tokens * spec.hidden_size * BF16 // split
+    n_moe = sum(moe.is_moe_layer(spec, i) for i in layers)
+    kv_per_token = (
+        spec.num_heads * (spec.head_dim + moe.v_dim(spec) // spec.num_heads)
+        if spec.kv_lora_rank
+        else 2 * spec.kv_dim
+    ) * BF16
+    kv_split = min(lay.tp, spec.num_kv_heads) if not spec.kv_lora_rank else lay.tp
+    return StageWork(
+        stage=stage,
+        layers=len(layers),
+        moe_layers=n_moe,
+        dense_params=-(-dense // lay.tp),
+        expert_params=-(-experts // lay.ep),
+        fwd_flops=(linear + attn * cp_imbalance(s, lay.cp)) / split,
+        fwd_attn_flops=attn * cp_imbalance(s, lay.cp) / split,
+        fwd_bytes=sum(spec.layer_elementwise_bytes(b, s) for _ in layers) // split,
+        act_bytes=sum(per_layer_act),
+        input_bytes=hidden_local * len(layers),
+        layer_peak_bytes=max(per_layer_act),
+        logits_bytes=tokens // lay.cp * -(-spec.vocab_size // lay.tp) * 10 if last else 0,
+        tp_bytes=2 * len(layers) * tokens // lay.cp * spec.hidden_size * BF16 if lay.tp > 1 else 0,
+        cp_bytes=(lay.cp - 1) * len(layers) * tokens // lay.cp * kv_per_token // kv_split,
+        ep_bytes=2 * n_moe * spec.experts_per_token * hidden_local if lay.ep > 1 else 0,
+        pp_bytes=hidden_local if lay.pp > 1 else 0,
+    )
+
+
+def all_stages(spec: ModelSpec, lay: Layout) -> list[StageWork]:
+    return [stage_work(spec, lay, s) for s in range(lay.pp)]
+
+
+def model_flops_per_step(spec: ModelSpec, lay: Layout) -> float:
+    """Model FLOPs of one step (forward + 2x backward, no recompute), all GPUs together."""
+    b, s = lay.micro_batch_size, lay.seq
+    fwd = sum(moe.layer_fwd_flops(spec, i, b, s) for i in range(1, spec.num_layers + 1))
+    fwd += spec.head_fwd_flops(b, s)
+    return 3 * fwd * lay.batch / b

@@ -1,0 +1,48 @@
+"""`slide layout`: plan, verdict with advice, search, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+from slide.cli import main
+
+
+def run(capsys, *args):
+    code = main(["layout", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_published_30b_layout_fits_and_is_predicted(capsys):
+    code, out, _ = run(capsys, "--model", "qwen3-30b-a3b", "--gpus", "8", "--tp", "2", "--cp",
+                       "4", "--ep", "8", "--seq", "131072", "--cpu-adam", "--recompute",
+                       "--distributed-optimizer", "--global-batch", "8", "--json")  # fmt: skip
+    assert code == 0
+    result = json.loads(out)
+    assert result["fits"] and result["gpu_terms"]["master"] == 0
+    assert result["host_per_node"] > 0
+    assert result["predicted"]["step_time_s"] > 0 and 0 < result["predicted"]["mfu"] < 1
+
+
+def test_overflow_gives_advice_that_fits(capsys):
+    code, out, _ = run(capsys, "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "4096")
+    assert code == 0
+    assert "does not fit" in out and "try --" in out and ", fits" in out
+
+
+def test_search_lists_layouts(capsys):
+    code, out, _ = run(capsys, "--model", "qwen3-30b-a3b", "--gpus", "16", "--seq", "8192",
+                       "--recompute", "--distributed-optimizer", "--search", "--top", "3")  # fmt: skip
+    assert code == 0
+    assert out.count("tok/s/GPU") == 3
+
+
+def test_invalid_layout_is_one_line_and_exit_2(capsys):
+    code, out, err = run(capsys, "--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "3")
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and "EP" in err
+
+
+def test_unknown_model_and_node(capsys):
+    assert run(capsys, "--model", "qwen3-30b", "--gpus", "8")[0] == 2
+    assert run(capsys, "--model", "qwen3-30b-a3b", "--gpus", "8", "--machine", "x")[0] == 2

@@ -1,0 +1,193 @@
+"""Layout planning on paper: rules, formulas, ledger, graph, costs, search."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from simulator.layout import simulate_layout
+from slide_ir.graph import Graph, OpKind
+from slide_ir.layout import Layout, bubble, check_layout, cp_pair_counts, layout_problems
+from slide_ir.layout_cluster import load_cluster
+from slide_ir.layout_cost import LayoutCosts
+from slide_ir.layout_graph import layout_graph, one_f_one_b
+from slide_ir.layout_ledger import build_layout_ledger, stage_terms
+from slide_ir.layout_models import load_layout_model
+from slide_ir.layout_search import candidates, estimate, search
+from slide_ir.layout_work import all_stages, stage_work
+
+NODE = load_cluster("h200-8gpu-node")
+QWEN_MOE = load_layout_model("qwen3-30b-a3b")
+DENSE = load_layout_model("llama-3.1-8b")
+
+
+# --- formulas ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(("p", "m", "want"), [(1, 8, 0.0), (4, 4, 3 / 7), (8, 64, 7 / 71)])
+def test_bubble(p, m, want):
+    assert bubble(p, m) == pytest.approx(want)
+
+
+def test_zigzag_pair_counts_from_the_issue():
+    assert cp_pair_counts(8, 2, zigzag=False) == [10, 26]
+    assert cp_pair_counts(8, 2, zigzag=True) == [18, 18]
+
+
+def test_zigzag_is_never_less_balanced_than_contiguous():
+    rng = random.Random(0)
+    for _ in range(200):
+        cp = rng.choice([1, 2, 3, 4, 8, 16])
+        seq = 2 * cp * rng.randint(1, 64)
+        zig, flat = cp_pair_counts(seq, cp, zigzag=True), cp_pair_counts(seq, cp, zigzag=False)
+        assert sum(zig) == sum(flat) == seq * (seq + 1) // 2
+        assert max(zig) - min(zig) <= max(flat) - min(flat)
+
+
+@pytest.mark.parametrize(
+    ("stage", "per_param"),
+    [
+        (0, lambda d: 18),
+        (1, lambda d: 6 + 12 / d),
+        (2, lambda d: 2 + 16 / d),
+        (3, lambda d: 18 / d),
+    ],
+)
+def test_zero_formulas_in_the_layout_ledger(stage, per_param):
+    """Model state of a dense model over D = DP replicas, as the issue states them."""
+    lay = Layout(gpus=8, dp=8, zero=stage, seq=256)
+    work = stage_work(DENSE, lay, 0)
+    terms, _, _ = stage_terms(work, lay)
+    state = sum(terms[k] for k in ("weights", "gradients", "master", "moments"))
+    assert state == pytest.approx(per_param(8) * work.params, rel=1e-6)
+
+
+def test_distributed_optimizer_is_zero1_memory_and_cpu_adam_moves_it_to_the_host():
+    base = Layout(gpus=8, dp=8, seq=256)
+    w = stage_work(DENSE, base, 0)
+    dist, host, _ = stage_terms(w, replace(base, distributed_optimizer=True))
+    zero1, _, _ = stage_terms(w, replace(base, zero=1))
+    assert dist == zero1 and host == 0
+    off, host, _ = stage_terms(w, replace(base, distributed_optimizer=True, cpu_adam=True))
+    assert off["master"] == off["moments"] == 0
+    assert host == -(-12 * w.params // 8) + -(-4 * w.params // 8)
+    assert off["activations"] == dist["activations"]
+
+
+# --- rules ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("model", "layout", "rule"),
+    [
+        (DENSE, Layout(gpus=8, tp=2, dp=3), "N = TP x PP x CP x DP"),
+        (QWEN_MOE, Layout(gpus=8, pp=2, ep=8, dp=4), "divisible by EP x PP"),
+        (DENSE, Layout(gpus=8, ep=2, dp=8), "must be 1 for the dense model"),
+        (QWEN_MOE, Layout(gpus=24, ep=3, dp=24), "must divide the 128 experts"),
+        (DENSE, Layout(gpus=24, tp=3, dp=8), "attention heads"),
+        (load_layout_model("qwen2.5-7b"), Layout(gpus=7, tp=7, dp=1), "4 KV heads"),
+        (DENSE, Layout(gpus=24, pp=3, dp=8), "must divide the 32 layers"),
+        (DENSE, Layout(gpus=16, tp=16, dp=1), "GPUs of a node"),
+        (DENSE, Layout(gpus=8, cp=8, dp=1, seq=4104), "2 x CP = 16"),
+        (DENSE, Layout(gpus=8, dp=8, global_batch=12), "multiple of DP x micro-batch"),
+    ],
+)
+def test_every_rule_is_refused_with_its_name(model, layout, rule):
+    with pytest.raises(ValueError, match=rule):
+        check_layout(model, layout, 8)
+
+
+def test_kv_heads_may_be_replicated_when_tp_is_a_multiple():
+    assert not layout_problems(load_layout_model("llama-3.1-70b"), Layout(gpus=8, tp=8), 8)
+
+
+def test_zero_and_distributed_optimizer_are_exclusive():
+    with pytest.raises(ValueError, match="pick one"):
+        Layout(gpus=8, zero=1, distributed_optimizer=True)
+
+
+# --- collectives ------------------------------------------------------------------------------
+def test_collective_message_bytes():
+    lay = Layout(gpus=64, tp=2, pp=4, cp=2, ep=8, dp=4, seq=4096, micro_batch_size=2)
+    w = stage_work(QWEN_MOE, lay, 1)
+    tokens, h = 2 * 4096, QWEN_MOE.hidden_size
+    assert (w.layers, w.moe_layers) == (12, 12)
+    assert w.tp_bytes == 2 * 12 * tokens // 2 * h * 2  # 2 blocks/layer, tokens / CP, BF16
+    assert w.ep_bytes == 2 * 12 * 8 * tokens * h * 2 // 4  # dispatch + combine, top-8
+    assert w.pp_bytes == tokens * h * 2 // 4
+    kv = 2 * QWEN_MOE.kv_dim * 2  # K and V per token, BF16; 4 KV heads over TP 2
+    assert w.cp_bytes == (2 - 1) * 12 * tokens // 2 * kv // 2
+
+
+def test_ring_formulas_and_link_choice():
+    lay = Layout(gpus=64, tp=8, pp=2, dp=4)
+    c = LayoutCosts(NODE, lay)
+    assert c.bandwidth("tp") == NODE.nvlink_bytes_per_s
+    assert c.bandwidth("dp") == NODE.network_bytes_per_s  # 4 ranks 8 apart: across nodes
+    b = 1e9
+    assert c.collective_seconds(OpKind.ALL_REDUCE, "tp", b) == pytest.approx(2 * 7 / 8 * b / 370e9)
+    assert c.collective_seconds(OpKind.REDUCE_SCATTER, "dp", b) == pytest.approx(3 / 4 * b / 46e9)
+    assert c.collective_seconds(OpKind.SEND_RECV, "pp", b) == pytest.approx(b / 46e9)
+
+
+# --- graph, simulation, search ----------------------------------------------------------------
+def test_one_f_one_b_order():
+    assert one_f_one_b(4, 4, 0) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0),
+                                    ("B", 1), ("B", 2), ("B", 3)]  # fmt: skip
+    assert one_f_one_b(4, 4, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
+                                    ("B", 2), ("F", 3), ("B", 3)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "lay",
+    [
+        Layout(gpus=64, tp=2, pp=4, cp=2, ep=8, dp=4, seq=4096, recompute=True, zero=1),
+        Layout(gpus=16, tp=2, pp=2, ep=4, dp=4, seq=2048, cpu_adam=True, micro_batches=3),
+        Layout(gpus=16, pp=4, ep=4, dp=4, seq=1024, zero=3),
+    ],
+)
+def test_layout_graph_validates_and_simulation_matches_the_estimate(lay):
+    graph = layout_graph(QWEN_MOE, lay, NODE.name)
+    assert Graph.from_json(graph.to_json()) == graph  # same validation as any graph
+    assert graph.pool("acts0").slots == min(lay.pp, lay.m)
+    run = simulate_layout(QWEN_MOE, lay, NODE)
+    # ZeRO-3's per-micro-batch gathers queue behind scatters on the DP lane: the closed form
+    # assumes they hide behind compute; measured 20% short on this case.
+    rel = 0.25 if lay.zero == 3 else 0.01
+    assert run.step_s == pytest.approx(estimate(QWEN_MOE, lay, NODE).step_s, rel=rel)
+    assert 0 < run.mfu < 1
+
+
+def test_simulated_idle_follows_the_bubble():
+    lay = Layout(gpus=8, pp=8, seq=1024, micro_batches=8)
+    run = simulate_layout(DENSE, lay, NODE)
+    assert bubble(8, 8) - 0.01 <= run.gpu_idle < 1  # unequal stages only add idle time
+
+
+def test_search_returns_only_valid_fitting_layouts_fastest_first():
+    base = Layout(gpus=16, seq=8192, global_batch=32, recompute=True, distributed_optimizer=True)
+    ranked = search(QWEN_MOE, base, NODE, top=1000)
+    assert ranked and len(ranked) <= len(candidates(QWEN_MOE, base, 8))
+    for lay, _ in ranked:
+        assert not layout_problems(QWEN_MOE, lay, 8)
+        assert build_layout_ledger(QWEN_MOE, lay, NODE).fits
+    speeds = [e.tokens_per_s for _, e in ranked]
+    assert speeds == sorted(speeds, reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "dims", "batch"),
+    [("qwen3-30b-a3b", 8, (2, 1, 4, 8), 8), ("glm-4.5", 64, (8, 4, 2, 16), 32)],
+)
+def test_published_starting_layouts_are_feasible_search_answers(model, gpus, dims, batch):
+    spec = load_layout_model(model)
+    base = Layout(gpus=gpus, seq=131072, cpu_adam=True, recompute=True,
+                  distributed_optimizer=True, global_batch=batch)  # fmt: skip
+    found = [(x.tp, x.pp, x.cp, x.ep) for x, _ in search(spec, base, NODE, top=10_000)]
+    assert dims in found
+
+
+def test_stages_cover_the_model():
+    lay = Layout(gpus=16, pp=4, ep=4, dp=4)
+    works = all_stages(QWEN_MOE, lay)
+    dense = sum(w.dense_params for w in works)
+    experts = sum(w.expert_params for w in works) * lay.ep
+    assert dense + experts == QWEN_MOE.total_params
