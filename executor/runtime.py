@@ -30,49 +30,12 @@ from executor.adam import HostScratch
 from executor.completion import Aborted, Completions
 from executor.env import Env, LaneState
 from executor.handlers import HANDLERS
+from executor.recording import Recorder
 from slide_ir.graph import Graph, Op, lane_kind
-from slide_ir.trace import Span
 
 log = logging.getLogger("executor.runtime")
 
 GPU_LANE_KINDS = ("gpu", "h2d", "d2h")
-
-
-class Recorder:
-    """Spans handed over by the lanes (a lock-guarded list: append only). GPU spans keep their
-    CUDA events until `spans()` resolves them after the work has finished."""
-
-    def __init__(self, cuda: bool) -> None:
-        self._lock = threading.Lock()
-        self._raw: list[tuple[Op, object, object]] = []
-        self.t0 = time.perf_counter()
-        self.origin: torch.cuda.Event | None = None
-        if cuda:
-            torch.cuda.synchronize()
-            self.origin = torch.cuda.Event(enable_timing=True)
-            self.origin.record()
-            self.t0 = time.perf_counter()
-
-    def put(self, op: Op, start: object, end: object) -> None:
-        with self._lock:
-            self._raw.append((op, start, end))
-
-    def _seconds(self, mark: object) -> float:
-        if isinstance(mark, float):
-            return mark - self.t0
-        assert self.origin is not None and isinstance(mark, torch.cuda.Event)
-        return self.origin.elapsed_time(mark) / 1e3
-
-    def spans(self, max_step: int) -> tuple[Span, ...]:
-        """All spans of steps <= max_step (call after the device is synchronised)."""
-        with self._lock:
-            raw = list(self._raw)
-        out = [
-            Span.of(op, self._seconds(a), self._seconds(b))
-            for op, a, b in raw
-            if op.step <= max_step
-        ]
-        return tuple(sorted(out, key=lambda s: (s.start, s.end)))
 
 
 @dataclass(kw_only=True)
@@ -175,13 +138,13 @@ def _nvtx(name: str) -> Iterator[None]:
         torch.cuda.nvtx.range_pop()
 
 
-def make_shared(env: Env, graph: Graph, cpu_threads: int | None) -> Shared:
+def make_shared(env: Env, graph: Graph, cpu_threads: int | None, recorder: Recorder) -> Shared:
     ops = graph.ops
     return Shared(
         env=env,
         graph=graph,
         completions=Completions([op.id for op in ops]),
-        recorder=Recorder(env.cuda),
+        recorder=recorder,
         knobs=knobs_mod.from_env(),
         cpu_threads=cpu_threads,
         previous={b.id: a.id for a, b in itertools.pairwise(ops)},

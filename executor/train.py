@@ -1,29 +1,40 @@
 """`train()`: plan, check, allocate, load, run the Graph's lanes over the batches, hand back.
 
 One call runs `config.steps` optimizer steps (each `config.grad_accum` micro-batches of
-(batch, seq) tokens) and returns the FP32 weights and Adam moments by Hugging Face name, the
-per-step losses and the measured Trace. Periodic checkpoints and resume are consecutive calls:
-pass the previous result's weights and moments back with `start_step` = steps already done.
+(batch, seq) tokens), repeating a graph of a few steps (`executor.loop`), and returns the FP32
+weights and Adam moments by Hugging Face name, the latest losses and the measured Trace of the
+trace window. Periodic checkpoints are taken at step boundaries through `on_save`; resume is a
+second call: pass the saved weights and moments back with `start_step` = steps already done.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from executor import knobs as knobs_mod
 from executor import setup as setup_mod
 from executor.adam import AdamWConfig
-from executor.env import MicroBatch
-from executor.runtime import Shared, make_shared, start_lanes, stop_lanes, wait_ops
+from executor.loop import (
+    DataError,
+    Driver,
+    NonFiniteLossError,
+    OnSave,
+    OnStep,
+    ReadState,
+    Saver,
+    graph_config,
+    graph_plan,
+)
+from executor.recording import DEFAULT_TRACE_STEPS, StepWindow
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import Machine
 from slide_ir.model import ModelSpec
@@ -32,31 +43,16 @@ from slide_ir.trace import MemorySample, Trace
 
 log = logging.getLogger("executor.train")
 
-OnStep = Callable[[int, float, float, dict[str, Any]], bool | None]
-# on_save(step, read_state): called on the main thread at a step boundary with the lanes idle on
-# the model's state; read_state() gives (weights, moments) by HF name, mostly views of the live
-# host buffers, valid until on_save returns
-ReadState = Callable[[], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
-OnSave = Callable[[int, ReadState], None]
-
 
 class InfeasiblePlanError(RuntimeError):
     """The plan does not fit the machine (or the real device); the message names the tier."""
-
-
-class NonFiniteLossError(FloatingPointError):
-    pass
-
-
-class DataError(ValueError):
-    pass
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainResult:
     final_state: dict[str, torch.Tensor]  # HF names, FP32, CPU
     optim_state: dict[str, torch.Tensor]  # `<name>.exp_avg`, `<name>.exp_avg_sq`, FP32, CPU
-    losses: list[float]  # mean token loss of each step done
+    losses: list[float]  # mean token loss of each step done (the last `LOSS_HISTORY`)
     lrs: list[float]
     steps_done: int  # < config.steps when stopped early (on_step returned True, Ctrl-C)
     interrupted: bool
@@ -81,6 +77,8 @@ def train(
     the_plan: Plan | None = None,
     save_every: int = 0,
     on_save: OnSave | None = None,
+    trace_steps: tuple[int, int] = DEFAULT_TRACE_STEPS,
+    log_every: int = 10,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps. See the module docstring.
 
@@ -92,8 +90,18 @@ def train(
     global number (start_step + step) is a multiple of `save_every`, except the last: the next
     step is fed only once it returns, so the state it reads is that step's, and the engine
     stays up (the caller saves the final state from the result).
+
+    The run repeats a graph of at most `GRAPH_STEPS` steps (`the_plan`, if given, is that
+    graph's plan: its steps may be fewer than `config.steps`). The trace keeps the spans and
+    memory samples of steps `trace_steps` (A, B: 1-based, inclusive, counted in this call);
+    every `log_every` steps on_step's metrics add tokens/s and lane busy shares over them.
     """
-    p = the_plan or plan(model_spec, machine, config)
+    if log_every < 1:
+        raise ValueError(f"log_every must be >= 1, got {log_every}")
+    window = StepWindow(*trace_steps)
+    if the_plan is None:
+        the_plan = plan(model_spec, machine, graph_config(config))
+    p = graph_plan(the_plan, config.steps)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -114,13 +122,47 @@ def train(
             initial_optim_state=initial_optim_state,
         )
         try:
-            saver = _Saver(save_every, on_save, run) if on_save and save_every else None
-            return _drive(p, run, iter(batches), on_step, start_step, saver)
+            driver = Driver(
+                p,
+                run,
+                iter(batches),
+                steps=config.steps,
+                start_step=start_step,
+                on_step=on_step,
+                saver=Saver(save_every, on_save, run) if on_save and save_every else None,
+                window=window,
+                log_every=log_every,
+                cpu_threads=optimizer_threads(p.config) if run.env.cuda else None,
+            )
+            return _result(p, run, driver)
         except torch.OutOfMemoryError as exc:
             exc.add_note(_ledger_note(p))
             raise
         finally:
             run.close()
+
+
+def _result(p: Plan, run: setup_mod.Run, driver: Driver) -> TrainResult:
+    pr = driver.run()
+    weights, moments = run.extract()
+    now = time.perf_counter() - pr.recorder.t0  # the host copy of GPU-kept state counts too
+    pr.memory.add(pr.done, run.memory_sample(now))
+    trace = Trace(
+        spans=pr.recorder.window_spans(),
+        memory=pr.memory.all(),
+        info=p.graph.info,
+        meta=run.meta(knobs_mod.from_env()),
+    )
+    return TrainResult(
+        final_state=weights,
+        optim_state=moments,
+        losses=list(pr.losses),
+        lrs=list(pr.lrs),
+        steps_done=pr.done,
+        interrupted=pr.interrupted,
+        trace=trace,
+        meta=dict(trace.meta),
+    )
 
 
 def _ledger_note(p: Plan) -> str:
@@ -174,185 +216,6 @@ def _check_fits_host(p: Plan) -> None:
         )
 
 
-def _micro_batches(
-    it: Iterator[tuple[torch.Tensor, torch.Tensor]], step: int, p: Plan, pin: bool
-) -> list[MicroBatch]:
-    """The step's micro-batches, checked, each scaled by 1 / (labelled tokens of the step)."""
-    shape = (p.config.batch, p.config.seq)
-    raw = []
-    for micro in range(p.config.grad_accum):
-        try:
-            ids, labels = next(it)
-        except StopIteration:
-            raise DataError(
-                f"the data ran out at step {step}, micro-batch {micro}: the run needs "
-                f"{p.config.steps * p.config.grad_accum} micro-batches of {shape}"
-            ) from None
-        for what, t in (("input_ids", ids), ("labels", labels)):
-            if tuple(t.shape) != shape or t.dtype != torch.int64:
-                raise DataError(
-                    f"step {step}: {what} must be int64 {shape}, got {t.dtype} {tuple(t.shape)}"
-                )
-        raw.append((ids, labels))
-    valid = sum(int((labels != -100).sum()) for _, labels in raw)
-    if valid == 0:
-        raise DataError(f"step {step}: no labelled token (all labels are -100)")
-    return [
-        MicroBatch(
-            step=step,
-            micro=m,
-            ids=ids.pin_memory() if pin else ids,
-            labels=labels.pin_memory() if pin else labels,
-            scale=1.0 / valid,
-        )
-        for m, (ids, labels) in enumerate(raw)
-    ]
-
-
-def _drive(
-    p: Plan,
-    run: setup_mod.Run,
-    it: Iterator[tuple[torch.Tensor, torch.Tensor]],
-    on_step: OnStep | None,
-    start_step: int,
-    saver: _Saver | None,
-) -> TrainResult:
-    """Start the lanes, run the main loop, stop the lanes (re-raising a lane's error), collect."""
-    env = run.env
-    shared = make_shared(env, p.graph, optimizer_threads(p.config) if env.cuda else None)
-    loop = _MainLoop(p, run, shared, it, on_step, start_step, saver)
-    workers = []
-    try:
-        loop.feed()
-        workers = start_lanes(shared)
-        loop.run()
-    except BaseException:
-        stop_lanes(shared, workers, abort=True)  # a lane's error, if any, wins
-        raise
-    stop_lanes(shared, workers, abort=len(loop.losses) < p.config.steps)
-    if env.cuda:
-        torch.cuda.synchronize(env.device)
-    weights, moments = run.extract()
-    loop.sample_memory()  # the host copy of GPU-kept state is part of the run's peak
-    done = len(loop.losses)
-    trace = Trace(
-        spans=shared.recorder.spans(done),
-        memory=tuple(loop.samples),
-        info=p.graph.info,
-        meta=run.meta(shared.knobs),
-    )
-    return TrainResult(
-        final_state=weights,
-        optim_state=moments,
-        losses=loop.losses,
-        lrs=loop.lrs,
-        steps_done=done,
-        interrupted=loop.interrupted,
-        trace=trace,
-        meta=dict(trace.meta),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Saver:
-    every: int
-    on_save: OnSave
-    run: setup_mod.Run
-
-    def due(self, global_step: int) -> bool:
-        return global_step % self.every == 0
-
-    def save(self, global_step: int) -> None:
-        if self.run.env.cuda:
-            torch.cuda.synchronize(self.run.env.device)
-        self.on_save(global_step, self.run.extract)
-
-
-class _MainLoop:
-    """The main thread's part: feed step s+1, wait for step s, report it. Feeding one step
-    ahead keeps the lanes busy across the step boundary; stopping (on_step returned True,
-    Ctrl-C) stops feeding, so the state after the last fed step is consistent. Before a save
-    the next step is not fed: with no micro-batch the lanes cannot reach its backward, so no
-    update touches the state while it is read (uploads and prefetches of the next step only
-    read it)."""
-
-    def __init__(
-        self,
-        p: Plan,
-        run: setup_mod.Run,
-        shared: Shared,
-        it: Iterator[tuple[torch.Tensor, torch.Tensor]],
-        on_step: OnStep | None,
-        start_step: int,
-        saver: _Saver | None,
-    ) -> None:
-        self.p, self.run_, self.shared, self.it = p, run, shared, it
-        self.on_step, self.start_step, self.saver = on_step, start_step, saver
-        self.by_step: dict[int, list[str]] = {}
-        for op in p.graph.ops:
-            self.by_step.setdefault(op.step, []).append(op.id)
-        self.losses: list[float] = []
-        self.lrs: list[float] = []
-        self.samples = list(run.memory_at_start(shared.recorder.t0))
-        self.fed, self.stop, self.interrupted = 0, False, False
-        self.last = shared.recorder.t0
-
-    def feed(self) -> None:
-        self.fed += 1
-        env = self.run_.env
-        for mb in _micro_batches(self.it, self.fed, self.p, pin=env.cuda):
-            env.batches.put(mb)
-
-    def run(self) -> None:
-        last = self.p.config.steps
-        for step in range(1, last + 1):
-            while not self.stop and self.fed < min(step + 1, last) and not self.saving(step):
-                self.feed()
-            try:
-                wait_ops(self.shared, self.by_step[step])
-            except KeyboardInterrupt:
-                log.warning("interrupted: finishing the %d step(s) started", self.fed - step + 1)
-                self.stop = self.interrupted = True
-                wait_ops(self.shared, self.by_step[step])
-            self.report(step)
-            if self.stop and step == self.fed:
-                return
-            if self.saving(step):
-                assert self.saver is not None
-                self.saver.save(self.start_step + step)
-                self.feed()
-
-    def saving(self, step: int) -> bool:
-        """Whether the state after `step` is saved before step + 1 is fed."""
-        return (
-            self.saver is not None
-            and step == self.fed
-            and step < self.p.config.steps
-            and self.saver.due(self.start_step + step)
-        )
-
-    def sample_memory(self, now: float | None = None) -> None:
-        now = time.perf_counter() if now is None else now
-        self.samples.extend(self.run_.memory_sample(now - self.shared.recorder.t0))
-
-    def report(self, step: int) -> None:
-        env, now = self.run_.env, time.perf_counter()
-        loss = float(env.loss_host[step - 1])
-        lr = env.optim.lr_at(self.start_step + step, env.total_steps)
-        self.losses.append(loss)
-        self.lrs.append(lr)
-        self.sample_memory(now)
-        if not math.isfinite(loss):
-            raise NonFiniteLossError(
-                f"step {self.start_step + step}: loss is {loss}; stopping (this step's update "
-                "has already been applied: keep the previous checkpoint)"
-            )
-        metrics = _step_metrics(self.p, now - self.last)
-        self.last = now
-        if self.on_step is not None and self.on_step(self.start_step + step, loss, lr, metrics):
-            self.stop = True
-
-
 def optimizer_threads(config: TrainConfig) -> int:
     """Intra-op threads for the CPU AdamW: `cpu_threads`, else `default_optimizer_threads`."""
     return config.cpu_threads or default_optimizer_threads()
@@ -367,22 +230,15 @@ def default_optimizer_threads() -> int:
     return max(1, (cores or 1) - 4)
 
 
-def _step_metrics(p: Plan, seconds: float) -> dict[str, Any]:
-    tokens = p.graph.info.tokens_per_step
-    return {
-        "step_time_s": seconds,
-        "tokens": tokens,
-        "tokens_per_s": tokens / seconds if seconds > 0 else float("inf"),
-        "model_tflops": p.graph.info.flops_per_step / seconds / 1e12 if seconds > 0 else 0.0,
-    }
-
-
 __all__ = [
     "AdamWConfig",
     "DataError",
     "InfeasiblePlanError",
     "MemorySample",
     "NonFiniteLossError",
+    "OnSave",
+    "OnStep",
+    "ReadState",
     "TrainResult",
     "train",
 ]

@@ -29,6 +29,8 @@ import torch
 from executor.adam import AdamWConfig
 from executor.checkpoint import initial_weights, write_hf_model, write_safetensors, write_text
 from executor.data import CORPUS, TokenStream, batches, load_token_stream
+from executor.loop import graph_config, graph_plan
+from executor.recording import DEFAULT_TRACE_STEPS
 from executor.tokenizer import build_tiny_tokenizer
 from executor.train import (
     InfeasiblePlanError,
@@ -81,6 +83,10 @@ class TrainRequest:
     metrics: str | None = None
     plan_file: str | None = None  # a saved plan: its model, machine and config win
     trace: str | None = None
+    trace_steps: tuple[int, int] = (
+        DEFAULT_TRACE_STEPS  # the steps --trace/--gantt/--save-trace show
+    )
+    log_every: int = 10  # metrics add tokens/s and lane busy shares over every N steps
     gantt: str | None = None
     save_trace: str | None = None  # the measured Trace in Slide's format (for compare-trace)
     progress: bool = True
@@ -88,6 +94,8 @@ class TrainRequest:
 
 def run_training(req: TrainRequest) -> dict[str, Any]:
     """Train as `req` says; the summary's `interrupted` tells whether Ctrl-C ended it."""
+    if req.log_every < 1:
+        raise UserError(f"--log-every must be a step count >= 1, got {req.log_every}")
     if req.save_every < 0:
         raise UserError(
             f"--save-every must be 0 (only at the end) or a step count, got {req.save_every}"
@@ -115,7 +123,8 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
     optim = replace(optim, total_steps=resumed.total_steps if resumed else req.config.steps)
     remaining = replace(req.config, steps=req.config.steps - start)
-    the_plan = saved if saved and saved.config == remaining else plan(spec, machine, remaining)
+    the_plan = graph_plan(saved, remaining.steps) if saved else None
+    the_plan = the_plan or plan(spec, machine, graph_config(remaining))
     try:
         check_feasible(the_plan, device)
     except InfeasiblePlanError as exc:
@@ -156,7 +165,7 @@ def _run(
             result = train(
                 the_plan.model,
                 the_plan.machine,
-                the_plan.config,
+                replace(the_plan.config, steps=req.config.steps - start),
                 initial_state=weights,
                 the_plan=the_plan,
                 batches=data,
@@ -169,6 +178,8 @@ def _run(
                 nvme_dir=[Path(d) for d in req.nvme_dirs] or None,
                 save_every=req.save_every,
                 on_save=ckpt.save if run_dir else None,
+                trace_steps=req.trace_steps,
+                log_every=req.log_every,
             )
             stop.finishing()
             done = start + result.steps_done

@@ -83,6 +83,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--metrics", help="write one JSON object per step to this .jsonl file")
     parser.add_argument("--trace", help="write the measured Chrome trace JSON here")
+    parser.add_argument(
+        "--trace-steps",
+        default="1:4",
+        help="steps A:B (inclusive, counted from this run's first) that --trace, --gantt and "
+        "--save-trace show; only they are kept [1:4]",
+    )
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=10,
+        help="every N steps the metrics line adds tokens/s and each lane's busy share over "
+        "those N [10]",
+    )
     parser.add_argument("--gantt", help="write the measured Gantt chart PNG here")
     parser.add_argument("--save-trace", help="write the measured Trace in Slide's format here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -119,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         nvme_dirs=nvme_dirs(args),
         metrics=args.metrics,
         trace=args.trace,
+        trace_steps=_step_range(args.trace_steps),
+        log_every=args.log_every,
         gantt=args.gantt,
         save_trace=args.save_trace,
         progress=not args.no_progress,
@@ -141,3 +156,13 @@ def _betas(text: str) -> tuple[float, float]:
     except ValueError:
         raise UserError(f"--betas must be two numbers like 0.9,0.999, got {text!r}") from None
     return b1, b2
+
+
+def _step_range(text: str) -> tuple[int, int]:
+    try:
+        first, last = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise UserError(f"--trace-steps must be A:B like 1:4, got {text!r}") from None
+    if not 1 <= first <= last:
+        raise UserError(f"--trace-steps must be A:B with 1 <= A <= B, got {text!r}")
+    return first, last

@@ -1,0 +1,293 @@
+"""The main thread's part of a run: repeat the plan's graph until the run's steps are done,
+feeding micro-batches, waiting for each step, reporting it, saving at step boundaries.
+
+The planned graph covers a few steps (`GRAPH_STEPS`); a longer run repeats it, the lanes joined
+and restarted between repetitions (milliseconds), the Adam step count and LR offset by the steps
+already run. So the ops, completions and events alive at any time do not grow with the run, and
+planning a 100,000-step run costs what planning 16 steps does. Each repetition's first step
+starts from the state the previous one left, which is what its graph assumes of a fresh run:
+every unit's home copy (host or device) holds the latest weights when all ops have finished.
+
+Within a repetition: feed step s+1, wait for step s, report it. Feeding one step ahead keeps the
+lanes busy across the step boundary; stopping (on_step returned True, Ctrl-C) stops feeding, so
+the state after the last fed step is consistent. Before a save the next step is not fed: with
+no micro-batch the lanes cannot reach its backward, so no update touches the state while it is
+read (uploads and prefetches of the next step only read it).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from executor import setup as setup_mod
+from executor.binding import bind_graph
+from executor.env import MicroBatch
+from executor.recording import MemoryLog, Recorder, StepWindow
+from executor.runtime import make_shared, start_lanes, stop_lanes, wait_ops
+from slide_ir.config import TrainConfig
+from slide_ir.graph import Graph
+from slide_ir.planner import Plan, plan
+
+log = logging.getLogger("executor.loop")
+
+GRAPH_STEPS = 16  # steps of the graph a run repeats
+LOSS_HISTORY = 10_000  # the last losses and LRs a result keeps (aggregates come from on_step)
+OnStep = Callable[[int, float, float, dict[str, Any]], bool | None]
+ReadState = Callable[[], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+OnSave = Callable[[int, ReadState], None]
+Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+class DataError(ValueError):
+    pass
+
+
+def graph_config(config: TrainConfig) -> TrainConfig:
+    """The configuration of the graph a run of `config.steps` steps repeats."""
+    return replace(config, steps=min(config.steps, GRAPH_STEPS))
+
+
+def graph_plan(p: Plan, steps: int) -> Plan:
+    """The plan whose graph a run of `steps` repeats: `p` itself when it is short enough."""
+    n = min(steps, GRAPH_STEPS)
+    if p.config.steps == n:
+        return p
+    out = plan(p.model, p.machine, replace(p.config, steps=n))
+    assert out.graph.pools == p.graph.pools, "a plan's pools must not depend on its steps"
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Saver:
+    every: int
+    on_save: OnSave
+    run: setup_mod.Run
+
+    def due(self, global_step: int) -> bool:
+        return global_step % self.every == 0
+
+    def save(self, global_step: int) -> None:
+        if self.run.env.cuda:
+            torch.cuda.synchronize(self.run.env.device)
+        self.on_save(global_step, self.run.extract)
+
+
+@dataclass(kw_only=True)
+class Progress:
+    """What the run keeps across repetitions: bounded (see `LOSS_HISTORY`, `recording`)."""
+
+    recorder: Recorder
+    memory: MemoryLog
+    log_every: int
+    losses: collections.deque[float]
+    lrs: collections.deque[float]
+    done: int = 0  # steps finished in this run
+    stop: bool = False
+    interrupted: bool = False
+    last: float = 0.0  # clock at the previous report
+    interval: tuple[float, int, dict[str, float]] = (0.0, 0, {})  # (clock, done, lane busy)
+
+
+class Driver:
+    """Runs `steps` steps by repeating `p.graph` (see the module docstring)."""
+
+    def __init__(
+        self,
+        p: Plan,
+        run: setup_mod.Run,
+        it: Batches,
+        *,
+        steps: int,
+        start_step: int,
+        on_step: OnStep | None,
+        saver: Saver | None,
+        window: StepWindow,
+        log_every: int,
+        cpu_threads: int | None,
+    ) -> None:
+        self.p, self.run_, self.it, self.steps = p, run, it, steps
+        self.start_step, self.on_step, self.saver = start_step, on_step, saver
+        self.cpu_threads = cpu_threads
+        recorder = Recorder(run.env.cuda, window)
+        self.progress = Progress(
+            recorder=recorder,
+            memory=MemoryLog(window, run.memory_at_start(recorder.t0)),
+            log_every=log_every,
+            losses=collections.deque(maxlen=LOSS_HISTORY),
+            lrs=collections.deque(maxlen=LOSS_HISTORY),
+            last=recorder.t0,
+            interval=(recorder.t0, 0, {}),
+        )
+
+    def run(self) -> Progress:
+        pr, graph = self.progress, self.p.graph
+        while pr.done < self.steps and not pr.stop:
+            n = min(self.p.config.steps, self.steps - pr.done)
+            if n < self.p.config.steps:  # the last repetition of a longer run: a shorter graph
+                graph = plan(self.p.model, self.p.machine, replace(self.p.config, steps=n)).graph
+                self.run_.env.bind = bind_graph(graph, self.run_.env.placement,
+                                                tied=self.p.model.tied_embeddings)  # fmt: skip
+            self._repeat(graph, n)
+            global_step = self.start_step + pr.done
+            if self.saver and pr.done < self.steps and not pr.stop and self.saver.due(global_step):
+                self.saver.save(global_step)
+        return pr
+
+    def _repeat(self, graph: Graph, n: int) -> None:
+        env, pr = self.run_.env, self.progress
+        env.step_offset = self.start_step + pr.done
+        env.loss_dev.zero_()
+        pr.recorder.offset = pr.done
+        shared = make_shared(env, graph, self.cpu_threads, pr.recorder)
+        rep = _Repetition(self, shared, graph, n)
+        workers = []
+        try:
+            rep.feed()
+            workers = start_lanes(shared)
+            rep.run()
+        except BaseException:
+            stop_lanes(shared, workers, abort=True)  # a lane's error, if any, wins
+            raise
+        stop_lanes(shared, workers, abort=rep.reported < n)
+        if env.cuda:
+            torch.cuda.synchronize(env.device)
+        pr.recorder.resolve(pr.done)
+
+
+class _Repetition:
+    """One pass over the graph's n steps (step numbers 1..n in its ops)."""
+
+    def __init__(self, d: Driver, shared: Any, graph: Graph, n: int) -> None:
+        self.d, self.shared, self.n = d, shared, n
+        self.by_step: dict[int, list[str]] = {}
+        for op in graph.ops:
+            self.by_step.setdefault(op.step, []).append(op.id)
+        self.fed = self.reported = 0
+        self.base = d.start_step + d.progress.done  # global steps before this repetition
+
+    def feed(self) -> None:
+        self.fed += 1
+        env, p = self.d.run_.env, self.d.p
+        for mb in micro_batches(self.d.it, self.fed, p, self.base, pin=env.cuda):
+            env.batches.put(mb)
+
+    def run(self) -> None:
+        pr = self.d.progress
+        for step in range(1, self.n + 1):
+            while not pr.stop and self.fed < min(step + 1, self.n) and not self.saving(step):
+                self.feed()
+            try:
+                wait_ops(self.shared, self.by_step[step])
+            except KeyboardInterrupt:
+                if pr.stop:  # a second Ctrl-C: abort
+                    raise
+                log.warning("interrupted: finishing the %d step(s) started", self.fed - step + 1)
+                pr.stop = pr.interrupted = True
+                wait_ops(self.shared, self.by_step[step])
+            self.report(step)
+            if pr.stop and step == self.fed:
+                return
+            if self.saving(step):
+                assert self.d.saver is not None
+                self.d.saver.save(self.base + step)
+                self.feed()
+
+    def saving(self, step: int) -> bool:
+        """Whether the state after `step` is saved before step + 1 is fed."""
+        saver = self.d.saver
+        return (
+            saver is not None and step == self.fed and step < self.n and saver.due(self.base + step)
+        )
+
+    def report(self, step: int) -> None:
+        d, pr = self.d, self.d.progress
+        env, now = d.run_.env, time.perf_counter()
+        self.reported = step
+        pr.done += 1
+        pr.recorder.resolve(pr.done)
+        loss = float(env.loss_host[step - 1])
+        lr = env.optim.lr_at(self.base + step, env.total_steps)
+        pr.losses.append(loss)
+        pr.lrs.append(lr)
+        pr.memory.add(pr.done, d.run_.memory_sample(now - pr.recorder.t0))
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"step {self.base + step}: loss is {loss}; stopping (this step's update "
+                "has already been applied: keep the previous checkpoint)"
+            )
+        metrics = step_metrics(d.p, now - pr.last) | self._interval(now)
+        pr.last = now
+        if d.on_step is not None and d.on_step(self.base + step, loss, lr, metrics):
+            pr.stop = True
+
+    def _interval(self, now: float) -> dict[str, Any]:
+        """Every `log_every` steps: tokens/s and each lane's busy share over those steps."""
+        pr = self.d.progress
+        if pr.done % pr.log_every:
+            return {}
+        t, done, busy = pr.interval
+        seconds = now - t
+        tokens = self.d.p.graph.info.tokens_per_step * (pr.done - done)
+        lanes = {
+            lane: round((total - busy.get(lane, 0.0)) / seconds, 4)
+            for lane, total in sorted(pr.recorder.busy.items())
+        }
+        pr.interval = (now, pr.done, dict(pr.recorder.busy))
+        return {"last_n_steps": pr.done - done, "last_n_tokens_per_s": tokens / seconds,
+                "lane_busy": lanes}  # fmt: skip
+
+
+def micro_batches(it: Batches, step: int, p: Plan, base: int, pin: bool) -> list[MicroBatch]:
+    """The step's micro-batches, checked, each scaled by 1 / (labelled tokens of the step)."""
+    shape = (p.config.batch, p.config.seq)
+    raw = []
+    for micro in range(p.config.grad_accum):
+        try:
+            ids, labels = next(it)
+        except StopIteration:
+            raise DataError(
+                f"the data ran out at step {base + step}, micro-batch {micro} (each step takes "
+                f"{p.config.grad_accum} micro-batches of {shape})"
+            ) from None
+        for what, t in (("input_ids", ids), ("labels", labels)):
+            if tuple(t.shape) != shape or t.dtype != torch.int64:
+                raise DataError(
+                    f"step {base + step}: {what} must be int64 {shape}, got {t.dtype} "
+                    f"{tuple(t.shape)}"
+                )
+        raw.append((ids, labels))
+    valid = sum(int((labels != -100).sum()) for _, labels in raw)
+    if valid == 0:
+        raise DataError(f"step {base + step}: no labelled token (all labels are -100)")
+    return [
+        MicroBatch(
+            step=step,
+            micro=m,
+            ids=ids.pin_memory() if pin else ids,
+            labels=labels.pin_memory() if pin else labels,
+            scale=1.0 / valid,
+        )
+        for m, (ids, labels) in enumerate(raw)
+    ]
+
+
+def step_metrics(p: Plan, seconds: float) -> dict[str, Any]:
+    tokens = p.graph.info.tokens_per_step
+    return {
+        "step_time_s": seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds > 0 else float("inf"),
+        "model_tflops": p.graph.info.flops_per_step / seconds / 1e12 if seconds > 0 else 0.0,
+    }

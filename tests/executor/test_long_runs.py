@@ -1,0 +1,129 @@
+"""Long runs: a run repeats a short graph (bounded ops, completions and spans) and equals one
+planned whole; saves land on any step; the trace keeps its window; memory stays flat."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+import torch
+from runs import assert_bitwise_equal, run_executor
+
+import executor.loop as loop_mod
+from executor.checkpoint import RandomInit
+from executor.completion import Completion
+from executor.env import MicroBatch
+from executor.train import train
+from slide_ir import TrainConfig, load_machine
+from slide_ir.model import load_model
+from slide_ir.trace import MemorySample, Span
+
+PLACEMENTS = {
+    "sliding": {},
+    "host inputs": {"activations": "cpu", "streamed": 0},
+    "resident": {"resident": 2, "streamed": 0},
+    "streamed": {"streamed": 2},
+    "grad accum": {"grad_accum": 2},
+    "nvme": {"optimizer": "nvme", "drives": 2},
+    "zero-offload": {"schedule": "zero-offload"},
+    "gpu-only": {"schedule": "gpu-only"},
+}
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+def test_a_repeated_graph_equals_one_graph(monkeypatch, name):
+    """10 steps as repetitions of a 3-step graph (3 + 3 + 3, then a 1-step graph) = one graph."""
+    config = dict(PLACEMENTS[name])
+    drives = int(config.pop("drives", 0))  # type: ignore[call-overload]
+    whole = run_executor(False, drives=drives, **config)
+    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
+    repeated = run_executor(False, drives=drives, **config)
+    assert len(repeated.losses) == 10
+    assert_bitwise_equal(whole, repeated)
+
+
+def test_saves_inside_and_between_repetitions(monkeypatch):
+    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
+    saved = {}
+
+    def on_save(step, read_state):
+        weights, _ = read_state()
+        saved[step] = {k: v.clone() for k, v in weights.items()}
+
+    run_executor(False, steps=8, train_kwargs={"save_every": 2, "on_save": on_save})
+    assert sorted(saved) == [2, 4, 6]  # 3 and 6 end repetitions; 8 is the end (the caller's)
+    for step in (4, 6):
+        want = run_executor(False, steps=step).final_state
+        assert all(torch.equal(saved[step][k], want[k]) for k in want), step
+
+
+def test_the_trace_keeps_its_window(monkeypatch):
+    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
+    result = run_executor(False, steps=9, train_kwargs={"trace_steps": (4, 6)})
+    steps = {s.step for s in result.trace.spans}
+    assert steps == {4, 5, 6}
+    assert all(s.op_id.startswith(f"s{s.step}.") for s in result.trace.spans)
+    ids = [s.op_id for s in result.trace.spans]
+    assert len(ids) == len(set(ids))
+
+
+def test_interval_metrics_every_n_steps():
+    rows = []
+    run_executor(False, steps=6, train_kwargs={"log_every": 3,
+                                              "on_step": lambda *a: rows.append(a[3])})  # fmt: skip
+    marked = [i + 1 for i, m in enumerate(rows) if "lane_busy" in m]
+    assert marked == [3, 6]
+    busy = rows[2]["lane_busy"]
+    assert {"gpu", "cpu"} <= busy.keys() and all(0.0 < v <= 1.0 + 1e-6 for v in busy.values())
+    assert rows[2]["last_n_steps"] == 3 and rows[2]["last_n_tokens_per_s"] > 0
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+OWNED = {Span, Completion, MicroBatch, MemorySample}
+
+
+def _objects() -> tuple[int, int]:
+    """(the executor's per-op and per-step objects, every object the collector tracks)."""
+    gc.collect()
+    everything = gc.get_objects()
+    return sum(type(o) in OWNED for o in everything), len(everything)
+
+
+@pytest.mark.slow
+def test_soak_2000_steps_memory_is_flat():
+    """tiny-llama, 2,000 CPU steps: RSS and the executor's live objects (spans, completions,
+    micro-batches, memory samples) after warm-up (step 200) equal those at the end."""
+    spec = load_model("tiny-llama")
+    seen = {}
+
+    def on_step(step, loss, lr, metrics):
+        if step in (200, 2000):
+            seen[step] = (_rss(), *_objects())
+
+    def data():
+        g = torch.Generator().manual_seed(0)
+        while True:
+            ids = torch.randint(0, spec.vocab_size, (1, 16), generator=g)
+            yield ids, ids
+
+    result = train(
+        spec,
+        load_machine("h200-16c-128g"),
+        TrainConfig(batch=1, seq=16, steps=2000),
+        initial_state=RandomInit(spec, 0),
+        batches=data(),
+        device="cpu",
+        dtype=torch.float32,
+        on_step=on_step,
+    )
+    assert result.steps_done == 2000
+    (rss0, own0, all0), (rss1, own1, all1) = seen[200], seen[2000]
+    assert rss1 - rss0 <= max(0.01 * rss0, 2 << 20), (rss0, rss1)
+    assert own1 <= own0 * 1.01, (own0, own1)
+    assert all1 <= all0 * 1.01, (all0, all1)
+    assert {s.step for s in result.trace.spans} == {1, 2, 3, 4}
