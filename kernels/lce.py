@@ -129,8 +129,16 @@ def _addmm_fp32_out_works(device_type: str) -> bool:
         return False
 
 
+def _dense_on_cpu(a: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`a` itself on the GPU; a contiguous copy on the CPU (tests only), whose bf16 GEMM read
+    past the row ends of a strided bf16 operand on a CI host (torch 2.13, oneDNN 3.12): the
+    fp32 logits' bytes beside the bf16 gradient rows came back as NaN in d(hidden)."""
+    return a if out.is_cuda else a.contiguous()
+
+
 def _mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """out = a @ b in out's dtype, accumulating in fp32 whatever the input dtype."""
+    a = _dense_on_cpu(a, out)
     if a.dtype == out.dtype:
         torch.mm(a, b, out=out)
     elif out.is_cuda:
@@ -145,7 +153,7 @@ def _addmm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, first: bool) 
     if first:
         _mm(a, b, out=acc)
     elif a.dtype == acc.dtype:
-        acc.addmm_(a, b)
+        acc.addmm_(_dense_on_cpu(a, acc), b)
     elif _addmm_fp32_out_works(acc.device.type):
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:  # slabs of 8192 rows keep the fp32 temporary small
@@ -196,7 +204,7 @@ def _run_chunks(
             BLOCK_V=BLOCK_V, ALIASED=logits.dtype != grad.dtype, num_warps=ROW_WARPS,
         )  # fmt: skip
         if grad_hidden is not None:
-            torch.mm(grad, weight, out=grad_hidden[start:end])  # (c, H) = (c, V) @ (V, H)
+            _mm(grad, weight, out=grad_hidden[start:end])  # (c, H) = (c, V) @ (V, H)
         if grad_w is not None:
             _addmm(grad_w, grad.T, h, first=start == 0)  # (V, H) += (V, c) @ (c, H)
 
