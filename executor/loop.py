@@ -233,7 +233,8 @@ class _Repetition:
             pr.stop = True
 
     def _interval(self, now: float) -> dict[str, Any]:
-        """Every `log_every` steps: tokens/s and each lane's busy share over those steps."""
+        """Every `log_every` steps: tokens/s and each lane's busy share over those steps, and
+        the memory in use."""
         pr = self.d.progress
         if pr.done % pr.log_every:
             return {}
@@ -246,7 +247,7 @@ class _Repetition:
         }
         pr.interval = (now, pr.done, dict(pr.recorder.busy))
         return {"last_n_steps": pr.done - done, "last_n_tokens_per_s": tokens / seconds,
-                "lane_busy": lanes}  # fmt: skip
+                "lane_busy": lanes, **self.d.run_.memory_now()}  # fmt: skip
 
 
 def micro_batches(it: Batches, step: int, p: Plan, base: int, pin: bool) -> list[MicroBatch]:

@@ -63,6 +63,15 @@ class Run:
             out.append(MemorySample(time=t, tier="cpu", bytes=max(rss - pinned, 0)))
         return out
 
+    def memory_now(self) -> dict[str, int]:
+        """Host RSS and, on CUDA, the device memory allocated and reserved right now: what a
+        long run's metrics follow to show that nothing grows."""
+        out = {"host_rss_bytes": _rss_bytes()}
+        if self.env.cuda:
+            out["gpu_allocated_bytes"] = torch.cuda.memory_allocated(self.env.device)
+            out["gpu_reserved_bytes"] = torch.cuda.memory_reserved(self.env.device)
+        return out
+
     def extract(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return state.extract(self.env)
 

@@ -330,7 +330,15 @@ class _Checkpointer:
             write_text(directory / STATE_FILE, text)
             return files
 
-        self.last = self.run_dir.publish(step, write)
+        try:
+            self.last = self.run_dir.publish(step, write)
+        except OSError as exc:  # a full disk, a read-only mount: say where and what is kept
+            kept = f"; the last checkpoint is {self.last}" if self.last else ""
+            raise StopRun(
+                f"error: cannot write the step-{step} checkpoint in {self.run_dir.root}: "
+                f"{exc.strerror or exc}{kept}",
+                code=1,
+            ) from None
         log.info("checkpoint (%d steps) published at %s", step, self.last)
 
 

@@ -30,12 +30,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for dim in ("tp", "pp", "cp", "ep"):
         parser.add_argument(f"--{dim}", type=int, default=1, help=f"{dim.upper()} size [1]")
     parser.add_argument("--dp", type=int, default=0, help="DP size [N / (TP PP CP)]")
+    parser.add_argument("--pp-layers", type=_stage_list, default=(), metavar="N,N,...",
+                        help="decoder layers per pipeline stage, e.g. 9,10,10,10,10,10,10,9 "
+                        "[L / PP each]")  # fmt: skip
+    parser.add_argument("--virtual-stages", type=int, default=1, metavar="V",
+                        help="model chunks per stage: interleaved 1F1B, bubble "
+                        "(PP-1)/(V m + PP-1) [1: plain 1F1B]")  # fmt: skip
     opt = parser.add_mutually_exclusive_group()
     opt.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over DP [0]")
     opt.add_argument("--distributed-optimizer", action="store_true",
                      help="shard master + moments and the update, gather weights (ZeRO-1 memory)")  # fmt: skip
     parser.add_argument("--cpu-adam", action="store_true", help="master + moments on the host")
     parser.add_argument("--recompute", action="store_true", help="full activation recompute")
+    parser.add_argument("--deepep", action="store_true",
+                        help="EP dispatch deduplicated per node (DeepEP): a token crosses to each "
+                        "remote node once")  # fmt: skip
     parser.add_argument("--micro-batches", type=int, default=0, help="m per step [PP]")
     parser.add_argument("--micro-batch-size", type=int, default=1, help="sequences [1]")
     parser.add_argument("--seq", type=int, default=4096, help="sequence length [4096]")
@@ -46,13 +55,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _stage_list(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected layer counts like 8,8,7; got {text!r}"
+        ) from None
+    if any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError(f"every stage needs >= 1 layer; got {text!r}")
+    return sizes
+
+
 def _layout(args: argparse.Namespace) -> Layout:
     return Layout(
         gpus=args.gpus, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, dp=args.dp,
         zero=args.zero, distributed_optimizer=args.distributed_optimizer,
         cpu_adam=args.cpu_adam, recompute=args.recompute, seq=args.seq,
         micro_batch_size=args.micro_batch_size, global_batch=args.global_batch,
-        micro_batches=args.micro_batches,
+        micro_batches=args.micro_batches, pp_layers=args.pp_layers,
+        virtual_stages=args.virtual_stages, deepep=args.deepep,
     )  # fmt: skip
 
 
@@ -74,7 +96,8 @@ def _plan(spec: ModelSpec, lay: Layout, cluster: Cluster) -> dict[str, Any]:
         "model": spec.name, "machine": cluster.name, "layout": lay.describe(),
         "gpu_terms": dict(led.gpu_terms), "gpu_bytes": led.gpu_bytes,
         "gpu_capacity": led.gpu_capacity, "worst_stage": led.stage,
-        "in_flight_micro_batches": led.in_flight, "host_per_node": led.host_per_node,
+        "in_flight_micro_batches": led.in_flight, "virtual_stages": lay.virtual_stages,
+        "host_per_node": led.host_per_node,
         "host_capacity": led.host_capacity, "fits": led.fits,
     }  # fmt: skip
     if not led.fits:
@@ -111,7 +134,7 @@ def render(out: dict[str, Any]) -> str:
         return "\n".join(lines if out["search"] else [*lines, "  none fits"])
     lines = [f"{out['model']} on {out['machine']}: {out['layout']}",
              f"per GPU (stage {out['worst_stage']}, {out['in_flight_micro_batches']} "
-             "micro-batches in flight):"]  # fmt: skip
+             f"{'micro-batches' if out['virtual_stages'] == 1 else 'model chunks'} in flight):"]  # fmt: skip
     lines += [f"  {k:13s} {v / GIB:8.1f} GiB" for k, v in out["gpu_terms"].items()]
     lines.append(
         f"  {'total':13s} {out['gpu_bytes'] / GIB:8.1f} GiB of {out['gpu_capacity'] / GIB:.1f}"

@@ -77,6 +77,7 @@ def test_interval_metrics_every_n_steps():
     busy = rows[2]["lane_busy"]
     assert {"gpu", "cpu"} <= busy.keys() and all(0.0 < v <= 1.0 + 1e-6 for v in busy.values())
     assert rows[2]["last_n_steps"] == 3 and rows[2]["last_n_tokens_per_s"] > 0
+    assert rows[2]["host_rss_bytes"] > 10 << 20
 
 
 def _rss() -> int:

@@ -104,3 +104,26 @@ def test_extended_schedule_follows_the_new_horizon(tmp_path, tokens, capsys):
 def test_bad_values_are_one_line(tmp_path, tokens, capsys, argv, needle):
     code, _, err = train(capsys, tokens, "--steps", "1", "--out", str(tmp_path / "o"), *argv)
     assert code == 2 and needle in err and len(err.splitlines()) == 1
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, tokens, capsys,
+                                                               monkeypatch):  # fmt: skip
+    import errno
+
+    import slide.training as training
+
+    out, writes = tmp_path / "run", []
+    real = training.write_safetensors
+
+    def fill_up(path, tensors):
+        writes.append(path)
+        if len(writes) > 1:  # the second checkpoint's optimizer file: the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, tensors)
+
+    monkeypatch.setattr(training, "write_safetensors", fill_up)
+    code, _, err = train(capsys, tokens, "--steps", "4", "--save-every", "2", "--out", str(out))
+    assert code == 1 and "No space left on device" in err and "step-000002" in err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1
+    assert (out / "latest").read_text().strip() == "checkpoints/step-000002"
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"]  # no partial
