@@ -95,3 +95,45 @@ def test_allocation_count_flat_after_first_step() -> None:
     print("cudaMalloc count after each step:", counts)
     # the step after the first can overlap its tail, so the steady state starts at step 2
     assert counts[1:] == [counts[1]] * (len(counts) - 1)
+
+
+@pytest.mark.parametrize("config", [{}, {"streamed": 2, "resident": 1}], ids=["sliding", "mixed"])
+def test_repeated_graph_and_saves_on_cuda(monkeypatch, config: dict) -> None:
+    """10 steps as repetitions of a 3-step graph equal one 10-step graph, bitwise; a save
+    inside a repetition reads the state that a run of that many steps ends with."""
+    import executor.loop as loop_mod
+
+    whole = _ours(config)
+    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
+    saved: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_save(step, read_state):  # type: ignore[no-untyped-def]
+        saved[step] = {k: v.clone() for k, v in read_state()[0].items()}
+
+    repeated = train(
+        spec_of(CONFIG),
+        load_machine("h200-16c-128g"),
+        TrainConfig(batch=B, seq=S, steps=STEPS, **config),
+        initial_state=state_dict_fp32(hf_model(CONFIG)),
+        batches=_batches(STEPS),
+        optim=AdamWConfig(lr=LR),
+        device=DEVICE,
+        dtype=torch.bfloat16,
+        save_every=4,
+        on_save=on_save,
+    )
+    assert repeated.losses == whole.losses
+    assert all(torch.equal(t, whole.final_state[k]) for k, t in repeated.final_state.items())
+    assert sorted(saved) == [4, 8]
+    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 16)
+    four = train(
+        spec_of(CONFIG),
+        load_machine("h200-16c-128g"),
+        TrainConfig(batch=B, seq=S, steps=4, **config),
+        initial_state=state_dict_fp32(hf_model(CONFIG)),
+        batches=_batches(4),
+        optim=AdamWConfig(lr=LR),
+        device=DEVICE,
+        dtype=torch.bfloat16,
+    )
+    assert all(torch.equal(saved[4][k], t) for k, t in four.final_state.items())
