@@ -31,9 +31,8 @@ from executor import setup as setup_mod
 from executor.binding import bind_graph
 from executor.env import MicroBatch
 from executor.recording import MemoryLog, Recorder, StepWindow
-from executor.runtime import make_shared, start_lanes, stop_lanes, wait_ops
+from executor.runtime import Lanes, Shared, make_shared, wait_ops
 from slide_ir.config import TrainConfig
-from slide_ir.graph import Graph
 from slide_ir.planner import Plan, plan
 
 log = logging.getLogger("executor.loop")
@@ -132,47 +131,57 @@ class Driver:
         )
 
     def run(self) -> Progress:
-        pr, graph = self.progress, self.p.graph
-        while pr.done < self.steps and not pr.stop:
-            n = min(self.p.config.steps, self.steps - pr.done)
-            if n < self.p.config.steps:  # the last repetition of a longer run: a shorter graph
-                graph = plan(self.p.model, self.p.machine, replace(self.p.config, steps=n)).graph
-                self.run_.env.bind = bind_graph(graph, self.run_.env.placement,
-                                                tied=self.p.model.tied_embeddings)  # fmt: skip
-            self._repeat(graph, n)
-            global_step = self.start_step + pr.done
-            if self.saver and pr.done < self.steps and not pr.stop and self.saver.due(global_step):
-                self.saver.save(global_step)
+        pr, graph, env = self.progress, self.p.graph, self.run_.env
+        lanes = Lanes(env, graph.lanes(), self.cpu_threads)
+        shared: Shared | None = None
+        try:
+            while pr.done < self.steps and not pr.stop:
+                n = min(self.p.config.steps, self.steps - pr.done)
+                if n < self.p.config.steps:  # the last repetition of a longer run: fewer steps
+                    graph = plan(
+                        self.p.model, self.p.machine, replace(self.p.config, steps=n)
+                    ).graph
+                    env.bind = bind_graph(graph, env.placement, tied=self.p.model.tied_embeddings)
+                shared = make_shared(env, graph, pr.recorder)
+                if not self._repeat(lanes, shared, n):
+                    break
+                global_step = self.start_step + pr.done
+                if self.saver and pr.done < self.steps and self.saver.due(global_step):
+                    self.saver.save(global_step)
+        except BaseException:
+            lanes.stop(shared, abort=True)  # a lane's error, if any, wins
+            raise
+        lanes.stop(shared, abort=pr.stop)
+        if env.cuda:
+            torch.cuda.synchronize(env.device)
+        pr.recorder.resolve(pr.done)
         return pr
 
-    def _repeat(self, graph: Graph, n: int) -> None:
+    def _repeat(self, lanes: Lanes, shared: Shared, n: int) -> bool:
+        """One pass over the graph; False when the run stopped inside it."""
         env, pr = self.run_.env, self.progress
         env.step_offset = self.start_step + pr.done
         env.loss_dev.zero_()
         pr.recorder.offset = pr.done
-        shared = make_shared(env, graph, self.cpu_threads, pr.recorder)
-        rep = _Repetition(self, shared, graph, n)
-        workers = []
-        try:
-            rep.feed()
-            workers = start_lanes(shared)
-            rep.run()
-        except BaseException:
-            stop_lanes(shared, workers, abort=True)  # a lane's error, if any, wins
-            raise
-        stop_lanes(shared, workers, abort=rep.reported < n)
-        if env.cuda:
+        rep = _Repetition(self, shared, n)
+        rep.feed()
+        lanes.run(shared)
+        rep.run()
+        if rep.reported < n:
+            return False
+        if env.cuda:  # every op of the pass is done, its device work too, before the next
             torch.cuda.synchronize(env.device)
         pr.recorder.resolve(pr.done)
+        return not pr.stop
 
 
 class _Repetition:
     """One pass over the graph's n steps (step numbers 1..n in its ops)."""
 
-    def __init__(self, d: Driver, shared: Any, graph: Graph, n: int) -> None:
+    def __init__(self, d: Driver, shared: Shared, n: int) -> None:
         self.d, self.shared, self.n = d, shared, n
         self.by_step: dict[int, list[str]] = {}
-        for op in graph.ops:
+        for op in shared.graph.ops:
             self.by_step.setdefault(op.step, []).append(op.id)
         self.fed = self.reported = 0
         self.base = d.start_step + d.progress.done  # global steps before this repetition

@@ -83,8 +83,13 @@ def test_bf16_run_within_bf16_noise_of_plain_pytorch(config: dict) -> None:
     assert within_bf16_noise((our_loss_err, our_w), (ref_loss_err, ref_w))
 
 
-def test_allocation_count_flat_after_first_step() -> None:
-    """cudaMalloc calls (the caching allocator's segments) stop after step 1."""
+@pytest.mark.parametrize("graph_steps", [16, 3], ids=["one-graph", "repeated-graph"])
+def test_allocation_count_flat_after_first_step(monkeypatch, graph_steps: int) -> None:
+    """cudaMalloc calls (the caching allocator's segments) stop after step 1, also when the
+    run repeats a 3-step graph (the lanes keep their streams across repetitions)."""
+    import executor.loop as loop_mod
+
+    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", graph_steps)
     counts: list[int] = []
 
     def on_step(step: int, loss: float, lr: float, metrics: dict) -> None:

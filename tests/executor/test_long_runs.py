@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 
 import pytest
 import torch
@@ -104,7 +105,7 @@ def test_soak_2000_steps_memory_is_flat():
 
     def on_step(step, loss, lr, metrics):
         if step in (200, 2000):
-            seen[step] = (_rss(), *_objects())
+            seen[step] = (_rss(), *_objects(), threading.active_count())
 
     def data():
         g = torch.Generator().manual_seed(0)
@@ -123,7 +124,8 @@ def test_soak_2000_steps_memory_is_flat():
         on_step=on_step,
     )
     assert result.steps_done == 2000
-    (rss0, own0, all0), (rss1, own1, all1) = seen[200], seen[2000]
+    (rss0, own0, all0, threads0), (rss1, own1, all1, threads1) = seen[200], seen[2000]
+    assert threads0 == threads1  # the lane threads live through the run's 125 repetitions
     assert rss1 - rss0 <= max(0.01 * rss0, 2 << 20), (rss0, rss1)
     assert own1 <= own0 * 1.01, (own0, own1)
     assert all1 <= all0 * 1.01, (all0, all1)
