@@ -5,7 +5,10 @@
 source bench/h200_env.sh
 python3 -c "import numpy as np; np.save('/tmp/tok.npy', np.random.default_rng(0).integers(0, 128000, 8_000_000))"
 stamp start
-timeout 560 python3 -m slide.cli train --model llama-3.2-3b --data /tmp/tok.npy --batch 16 \
+timeout 150 python3 -m pytest -q -m gpu tests/executor/test_gpu.py -k "allocation or repeated" -s \
+  -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1; echo "rc=$?" >> "$OUT/gpu_tests.txt"
+stamp gpu-tests
+timeout 480 python3 -m slide.cli train --model llama-3.2-3b --data /tmp/tok.npy --batch 16 \
   --seq 1024 --steps 400 --no-progress --metrics "$OUT/soak3b.jsonl" --log-every 10 \
   > "$OUT/soak3b.json" 2> "$OUT/soak3b.err"
 echo "rc=$?" >> "$OUT/soak3b.err"
