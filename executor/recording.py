@@ -44,7 +44,7 @@ class Recorder:
     """Finished ops from the lanes, resolved step by step (see the module docstring). The
     graph of a run is repeated (`offset` is the steps run before the current repetition), so
     kept spans are renamed to their step within the run: `s3.L5.fwd` of the second repetition
-    of a 16-step graph is `s19.L5.fwd`."""
+    of a 64-step graph is `s67.L5.fwd`."""
 
     def __init__(self, cuda: bool, window: StepWindow) -> None:
         self._lock = threading.Lock()
