@@ -29,7 +29,7 @@ class LayoutRun:
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float
     mfu: float
-    bubble: float  # (p - 1) / (m + p - 1)
+    bubble: float  # (p - 1) / (v m + p - 1)
     gpu_idle: float  # idle share of the GPU lanes (mean over stages) in the simulated step
     comm_share: dict[str, float]  # busiest stage's busy time per dimension / step time
 
@@ -49,7 +49,7 @@ class LayoutRun:
 
 def simulate_layout(spec: ModelSpec, lay: Layout, cluster: Cluster) -> LayoutRun:
     graph = layout_graph(spec, lay, cluster.name)
-    costs = LayoutCosts(cluster, lay)
+    costs = LayoutCosts(cluster, lay, experts_per_token=spec.experts_per_token or 1)
     trace = simulate(graph, costs, meta={"layout": lay.describe(), "cluster": cluster.name})
     step = max(s.end for s in trace.spans)
     busy: dict[str, float] = {}
@@ -72,7 +72,7 @@ def simulate_layout(spec: ModelSpec, lay: Layout, cluster: Cluster) -> LayoutRun
         tokens_per_s_per_gpu=tokens / step / lay.gpus,
         tflops_per_gpu=flops / step / lay.gpus / 1e12,
         mfu=flops / (step * lay.gpus * peak),
-        bubble=bubble(lay.pp, lay.m),
+        bubble=bubble(lay.pp, lay.m, lay.virtual_stages),
         gpu_idle=1.0 - sum(gpu) / len(gpu) / step,
         comm_share=share,
     )

@@ -6,7 +6,11 @@ Rules (`check_layout` refuses the first one broken, naming it and the valid valu
 - expert layers (expert TP = 1): N divisible by EP x PP; experts divisible by EP; EP = 1 on a
   dense model;
 - heads divisible by TP; KV heads divisible by TP, or TP a multiple of them (then replicated);
-- layers divisible by PP (even stages; uneven splits are not modelled);
+- layers divisible by PP (even stages), or an explicit split `pp_layers` (one count per stage,
+  each >= 1, summing to the layers);
+- virtual stages v > 1 (interleaved 1F1B): PP > 1, m a multiple of PP (Megatron's interleaved
+  order), and every stage holds at least v layers (v - 1 on the first and last stage, whose
+  first / last chunk may hold only the embedding / the head, as Llama 3 did);
 - TP at most the GPUs of one node and dividing them (keep TP on NVLink);
 - CP > 1: the sequence splits into 2 x CP equal chunks (zigzag), so seq divisible by 2 x CP;
 - global batch divisible by DP x micro-batch size (m = B / (DP x mbs) micro-batches per step);
@@ -43,9 +47,12 @@ class Layout:
     micro_batch_size: int = 1
     global_batch: int = 0  # sequences per step; 0: micro_batches x DP x micro_batch_size
     micro_batches: int = 0  # m per pipeline per step; 0: derived from global_batch (or = PP)
+    pp_layers: tuple[int, ...] = ()  # decoder layers per stage; (): L / PP each
+    virtual_stages: int = 1  # v model chunks per stage (interleaved 1F1B when > 1)
+    deepep: bool = False  # EP dispatch deduplicated per node (DeepEP), see layout_cost
 
     def __post_init__(self) -> None:
-        for name in ("gpus", "tp", "pp", "cp", "ep", "seq", "micro_batch_size"):
+        for name in ("gpus", "tp", "pp", "cp", "ep", "seq", "micro_batch_size", "virtual_stages"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
@@ -53,6 +60,10 @@ class Layout:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 1 (0: derived); got {v!r}")
+        if not isinstance(self.pp_layers, tuple) or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.pp_layers
+        ):
+            raise ValueError(f"pp_layers must be a tuple of integers >= 1; got {self.pp_layers!r}")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3; got {self.zero!r}")
         if self.zero and self.distributed_optimizer:
@@ -89,11 +100,16 @@ class Layout:
     def describe(self) -> str:
         opt = f"zero{self.zero}" if not self.distributed_optimizer else "dist-opt"
         extras = "".join(
-            (" cpu-adam" if self.cpu_adam else "", " recompute" if self.recompute else "")
-        )
+            name
+            for name, on in ((" cpu-adam", self.cpu_adam), (" recompute", self.recompute),
+                             (" deepep", self.deepep))
+            if on
+        )  # fmt: skip
+        split = f"[{','.join(map(str, self.pp_layers))}]" if self.pp_layers else ""
+        virtual = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         return (
-            f"TP{self.tp} PP{self.pp} CP{self.cp} EP{self.ep} DP{self.data_parallel} "
-            f"{opt}{extras} m={self.m}"
+            f"TP{self.tp} PP{self.pp}{split}{virtual} CP{self.cp} EP{self.ep} "
+            f"DP{self.data_parallel} {opt}{extras} m={self.m}"
         )
 
 
@@ -123,8 +139,7 @@ def layout_problems(spec: ModelSpec, lay: Layout, gpus_per_node: int) -> list[st
     kv = spec.num_kv_heads
     if kv % tp and tp % kv:
         out.append(f"--tp must divide the {kv} KV heads or be a multiple of them; got {tp}")
-    if spec.num_layers % pp:
-        out.append(f"--pp must divide the {spec.num_layers} layers (even stages); got {pp}")
+    out += _stage_problems(spec, lay)
     if tp > gpus_per_node or gpus_per_node % tp:
         out.append(f"--tp must divide the {gpus_per_node} GPUs of a node (TP on NVLink); got {tp}")
     if cp > 1 and lay.seq % (2 * cp):
@@ -137,9 +152,64 @@ def layout_problems(spec: ModelSpec, lay: Layout, gpus_per_node: int) -> list[st
     return out
 
 
-def bubble(pp: int, m: int) -> float:
-    """Idle share of a simple pipeline: (p - 1) / (m + p - 1); utilisation is m / (m + p - 1)."""
-    return (pp - 1) / (m + pp - 1)
+def _stage_problems(spec: ModelSpec, lay: Layout) -> list[str]:
+    pp, v, layers = lay.pp, lay.virtual_stages, spec.num_layers
+    if pp > layers:
+        return [f"--pp must be at most the {layers} layers (a stage needs one); got {pp}"]
+    if lay.pp_layers:
+        if len(lay.pp_layers) != pp or sum(lay.pp_layers) != layers:
+            return [f"--pp-layers must give {pp} stage sizes summing to the {layers} layers; "
+                    f"got {','.join(map(str, lay.pp_layers))}"]  # fmt: skip
+    elif layers % pp:
+        example = ",".join(map(str, balanced_split(layers, pp)))
+        return [f"--pp must divide the {layers} layers (even stages), or give the split, e.g. "
+                f"--pp-layers {example}; got --pp {pp}"]  # fmt: skip
+    if v == 1:
+        return []
+    if pp == 1:
+        return [f"--virtual-stages {v} needs --pp > 1 (chunks interleave over stages)"]
+    out = []
+    if lay.m % pp:
+        out.append(
+            f"--virtual-stages needs m a multiple of PP = {pp} (interleaved 1F1B); m = {lay.m}"
+        )
+    split = stage_sizes(spec, lay)
+    ends = {0, pp - 1}
+    short = [s for s, n in enumerate(split) if n < v - (s in ends)]
+    if short:
+        out.append(f"--virtual-stages {v}: stage {short[0]} holds {split[short[0]]} layers, fewer "
+                   f"than its {v} chunks (v - 1 allowed on the first and last stage)")  # fmt: skip
+    return out
+
+
+def balanced_split(layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage as even as possible; the remainder goes to the middle stages first, since
+    the first and last stage also hold the embedding and the head (e.g. 78 on 8: 9,10,...,10,9)."""
+    base, extra = divmod(layers, pp)
+    order = [*range(1, pp - 1), 0, pp - 1] if pp > 2 else list(range(pp))
+    bonus = set(order[:extra])
+    return tuple(base + (s in bonus) for s in range(pp))
+
+
+def stage_sizes(spec: ModelSpec, lay: Layout) -> tuple[int, ...]:
+    """Decoder layers of each pipeline stage: the explicit split, else L / PP each."""
+    return lay.pp_layers or (spec.num_layers // lay.pp,) * lay.pp
+
+
+def bubble(pp: int, m: int, v: int = 1) -> float:
+    """Idle share of a pipeline: (p - 1) / (v m + p - 1); utilisation v m / (v m + p - 1). v = 1
+    is plain 1F1B; with v interleaved chunks per stage the fill and drain shrink v-fold
+    (Narayanan et al. 2021: bubble time (p - 1) / (v m) of the ideal)."""
+    return (pp - 1) / (v * m + pp - 1)
+
+
+def in_flight_chunks(pp: int, m: int, v: int, stage: int) -> int:
+    """Forward passes whose activations stage `stage` holds at once: 1F1B's min(p - s, m) micro-
+    batches; interleaved (v > 1), Megatron's warm-up of 2 (p - s - 1) + (v - 1) p chunks plus
+    the one in progress, at most all m v chunks. Each chunk holds 1/v of the stage's layers."""
+    if v == 1:
+        return min(pp - stage, m)
+    return min(2 * (pp - stage - 1) + (v - 1) * pp + 1, m * v)
 
 
 def _pairs_upto(q: int) -> int:

@@ -14,6 +14,12 @@ network), ring algorithms:
                     g_in = ranks of the group inside one node
     send/recv       B / bw                     (CP ring: B is every round's bytes together)
 
+EP dispatch with node deduplication (`Layout.deepep`, DeepEP's internode kernels, as DeepSeek-V3
+describes): a token routed to k experts over n = g / g_in nodes crosses to each remote node it
+needs once and fans out there over NVLink. With balanced routing it needs
+(n - 1)(1 - (1 - 1/n)^k) remote nodes, so the network carries B / k x that instead of
+B (g - g_in) / g, and NVLink also carries the fan-out of what arrives.
+
 Latency terms are not modelled beyond `Efficiency.launch_s` per op.
 """
 
@@ -44,12 +50,18 @@ def lane_dim(lane: str) -> tuple[int, str]:
 class LayoutCosts:
     """(op) -> seconds for a layout graph on `cluster`."""
 
-    __slots__ = ("base", "cluster", "groups", "host_rate")
+    __slots__ = ("base", "cluster", "dedup", "groups", "host_rate", "topk")
 
     def __init__(
-        self, cluster: Cluster, layout: Layout, *, efficiency: Efficiency | None = None
+        self,
+        cluster: Cluster,
+        layout: Layout,
+        *,
+        experts_per_token: int = 1,
+        efficiency: Efficiency | None = None,
     ) -> None:
         self.cluster = cluster
+        self.topk, self.dedup = experts_per_token, layout.deepep
         self.base = CostModel(cluster.machine, efficiency=efficiency)
         self.host_rate = cluster.host_adam_elems_per_s() / cluster.gpus_per_node
         st = strides(layout)
@@ -85,8 +97,15 @@ class LayoutCosts:
         if kind in (OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER):
             return (g - 1) / g * message / bw
         if kind == OpKind.ALL_TO_ALL:
-            inside = min(g, self.cluster.gpus_per_node)
-            intra = message * (inside - 1) / g / self.cluster.nvlink_bytes_per_s
-            inter = message * (g - inside) / g / self.cluster.network_bytes_per_s
-            return max(intra, inter)
+            return self._all_to_all(g, message)
         return message / bw
+
+    def _all_to_all(self, g: int, message: int) -> float:
+        inside = min(g, self.cluster.gpus_per_node)
+        local, remote = message * (inside - 1) / g, message * (g - inside) / g
+        if self.dedup and g > inside:
+            nodes, k = -(-g // inside), self.topk
+            fan_out = remote * (inside - 1) / inside  # arrivals forwarded to their GPUs
+            local, remote = local + fan_out, message / k * (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
+        intra = local / self.cluster.nvlink_bytes_per_s
+        return max(intra, remote / self.cluster.network_bytes_per_s)

@@ -9,7 +9,8 @@ gradient shard; activations are unaffected.
 
 Activations per GPU: 1F1B keeps up to PP - s micro-batches in flight on stage s (0-based; at
 most m); each holds every layer's saved tensors, or under recompute only each layer's input,
-plus one layer's working set. The last stage adds the logits (BF16, their FP32 copy and
+plus one layer's working set. Interleaved (v chunks per stage) keeps Megatron's warm-up
+2 (p - s - 1) + (v - 1) p + 1 chunks in flight (`in_flight_chunks`), each 1/v of the stage. The last stage adds the logits (BF16, their FP32 copy and
 gradient). Communication buffers: send + receive staging of the largest message. Reserve:
 the CUDA context (as the single-GPU ledger). Everything is per GPU of the worst stage.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from slide_ir.layout import Layout, layout_problems
+from slide_ir.layout import Layout, in_flight_chunks, layout_problems
 from slide_ir.layout_cluster import Cluster
 from slide_ir.layout_work import FP32, StageWork, all_stages
 from slide_ir.ledger import CUDA_CONTEXT_BYTES, StateBytes
@@ -36,7 +37,7 @@ class LayoutLedger:
     gpu_capacity: int
     host_per_node: int
     host_capacity: int
-    in_flight: int  # micro-batches whose activations the worst stage keeps
+    in_flight: int  # forward chunks (micro-batches when v = 1) whose activations it keeps
 
     @property
     def gpu_bytes(self) -> int:
@@ -77,13 +78,14 @@ def stage_terms(
         host = terms["master"] + terms["moments"]
         host += -(-FP32 * work.params // (lay.data_parallel if lay.optimizer_shards else 1))
         terms["master"] = terms["moments"] = 0
-    in_flight = min(lay.pp - work.stage, lay.m)
+    v = lay.virtual_stages
+    in_flight = in_flight_chunks(lay.pp, lay.m, v, work.stage)
     kept = work.input_bytes if lay.recompute else work.act_bytes
     working = work.layer_peak_bytes if lay.recompute else 0
-    terms["activations"] = in_flight * kept + working
+    terms["activations"] = -(-in_flight * kept // v) + working
     terms["logits"] = work.logits_bytes
     per_call = (  # one collective's message: TP per block, EP per dispatch or combine
-        work.tp_bytes // max(2 * work.layers, 1),
+        work.tp_bytes // max(work.tp_blocks, 1),
         work.ep_bytes // max(2 * work.moe_layers, 1),
         work.pp_bytes,
     )

@@ -9,10 +9,12 @@ and the executor build identical dense layers.
 Field names per architecture (transformers' configs):
 - qwen3_moe: `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`; every layer MoE
   (`mlp_only_layers` empty, `decoder_sparse_step` 1, else refused); q/k RMSNorm per head.
-- glm4_moe / deepseek_v3: `n_routed_experts`, `n_shared_experts`, `first_k_dense_replace`;
-  glm4_moe has `use_qk_norm`, q/k/v bias from `attention_bias` and no o_proj bias; deepseek_v3
-  has multi-head latent attention (`q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`,
-  `qk_rope_head_dim`, `v_head_dim`).
+- glm4_moe / deepseek_v3 / glm_moe_dsa: `n_routed_experts`, `n_shared_experts`,
+  `first_k_dense_replace`; glm4_moe has `use_qk_norm`, q/k/v bias from `attention_bias` and no
+  o_proj bias; deepseek_v3 and glm_moe_dsa have multi-head latent attention (`q_lora_rank`,
+  `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`); glm_moe_dsa's sparse
+  attention indexer (`index_topk`, `index_n_heads`, `index_head_dim`) is read by `slide_ir.moe`
+  from the config kept in the spec.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def _experts(config: Mapping[str, Any], model_type: str, origin: str) -> dict[st
 
 def _attention(config: Mapping[str, Any], model_type: str, origin: str) -> dict[str, Any]:
     bias = _get(config, "attention_bias", bool, origin, False)
-    if model_type != "deepseek_v3":
+    if model_type not in ("deepseek_v3", "glm_moe_dsa"):
         heads = _get(config, "num_attention_heads", int, origin)
         hidden = _get(config, "hidden_size", int, origin)
         qk_norm = model_type == "qwen3_moe" or _get(config, "use_qk_norm", bool, origin, False)

@@ -2,16 +2,18 @@
 
 `estimate` prices the same ops the graph holds (`LayoutCosts`) without building it. With f_s,
 b_s the forward and backward of one micro-batch on stage s (compute, plus the TP and EP
-collectives that block the stream, plus the part of the CP ring compute does not hide), t_pp a
-hop between stages and u_s the stage's gradient sync, update and weight gather:
+collectives that block the stream, plus the part of the CP ring compute does not hide; under
+recompute b_s starts with a second forward and its collectives), t_pp a hop between stages,
+u_s the stage's gradient sync, update and weight gather, and v chunks per stage:
 
-    T = sum_s (f_s + b_s) + (m - 1) max_s (f_s + b_s) + 2 (p - 1) t_pp + max_s u_s
+    T = sum_s (f_s + b_s) / v + (m - 1/v) max_s (f_s + b_s) + 2 (p - 1) t_pp + max_s u_s
 
-which is (m + p - 1)(f + b) for equal stages: the 1F1B fill and drain. The simulator runs the
-graph; a test holds the two together. `search` enumerates TP (dividing a node), PP (dividing
-the layers), CP (powers of two), EP (dividing the experts), keeps the layouts that break no
-rule and fit the ledger, and ranks them by `estimate`'s tokens/s (the global batch is fixed, so
-this is step time): fast enough for hundreds of layouts.
+which is (m + (p - 1)/v)(f + b) for equal stages: the fill and drain of 1F1B (v = 1), v-fold
+shorter when interleaved. The simulator runs the graph; a test holds the two together.
+`search` enumerates TP (dividing a node), PP (dividing N; a PP that does not divide the layers
+gets `balanced_split`), CP (powers of two), EP (dividing the experts), keeps the layouts that
+break no rule and fit the ledger, and ranks them by `estimate`'s tokens/s (the global batch is
+fixed, so this is step time): fast enough for thousands of layouts.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from slide_ir.graph import Op, OpKind, Work
-from slide_ir.layout import Layout, layout_problems
+from slide_ir.layout import Layout, balanced_split, layout_problems
 from slide_ir.layout_cluster import Cluster
 from slide_ir.layout_cost import LayoutCosts
 from slide_ir.layout_ledger import build_layout_ledger
@@ -46,7 +48,7 @@ def _passes(c: LayoutCosts, w: StageWork, lay: Layout) -> tuple[float, float, di
     ep = c.collective_seconds(K.ALL_TO_ALL, "ep", w.ep_bytes)
     cp_f = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", w.cp_bytes) - fwd)
     cp_b = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", 2 * w.cp_bytes) - 2 * fwd)
-    re = fwd + tp if lay.recompute else 0.0
+    re = fwd + tp + ep + cp_f if lay.recompute else 0.0  # full recompute re-runs its collectives
     dp_lane = 0.0  # ZeRO-3: gathers run ahead on the DP lane, with each backward's scatter
     if lay.zero >= 3:
         dp_lane = 2 * c.collective_seconds(K.ALL_GATHER, "dp", BF16 * w.dense_params)
@@ -55,8 +57,8 @@ def _passes(c: LayoutCosts, w: StageWork, lay: Layout) -> tuple[float, float, di
     b = re + 2 * fwd + tp + ep + cp_b
     dp = max(0.0, dp_lane - f - b)
     b += dp
-    exposed = {"tp": tp * (3 if lay.recompute else 2), "ep": 2 * ep, "cp": cp_f + cp_b,
-               "dp": dp}  # fmt: skip
+    passes = 3 if lay.recompute else 2
+    exposed = {"tp": tp * passes, "ep": ep * passes, "cp": cp_f * (passes - 1) + cp_b, "dp": dp}
     return f, b, exposed
 
 
@@ -81,14 +83,16 @@ def _update(c: LayoutCosts, w: StageWork, lay: Layout) -> float:
 
 
 def estimate(spec: ModelSpec, lay: Layout, cluster: Cluster) -> Estimate:
-    c = LayoutCosts(cluster, lay)
+    c = LayoutCosts(cluster, lay, experts_per_token=spec.experts_per_token or 1)
     works = all_stages(spec, lay)
     passes = [_passes(c, w, lay) for w in works]
     per_mb = [f + b for f, b, _ in passes]
     slow = max(range(len(works)), key=lambda s: per_mb[s])
     t_pp = c.collective_seconds(K.SEND_RECV, "pp", works[0].pp_bytes)
     updates = [_update(c, w, lay) for w in works]
-    step = sum(per_mb) + (lay.m - 1) * per_mb[slow] + 2 * (lay.pp - 1) * t_pp + max(updates)
+    v = lay.virtual_stages
+    fill = sum(per_mb) / v + (lay.m - 1 / v) * per_mb[slow]
+    step = fill + 2 * (lay.pp - 1) * t_pp + max(updates)
     w = works[slow]
     fwd = c.base.compute_seconds(Work(flops=w.fwd_flops, attn_flops=w.fwd_attn_flops,
                                       bytes=w.fwd_bytes))  # fmt: skip
@@ -107,17 +111,30 @@ def _divisors(n: int) -> list[int]:
 
 
 def candidates(spec: ModelSpec, base: Layout, gpus_per_node: int) -> list[Layout]:
-    """Every TP/PP/CP/EP split of `base.gpus` that breaks no rule (other knobs from `base`)."""
+    """Every TP/PP/CP/EP split of `base.gpus` that breaks no rule (other knobs from `base`; its
+    virtual stages where PP > 1)."""
     n, out = base.gpus, []
     eps = _divisors(spec.num_experts) if spec.is_moe else [1]
     for tp in _divisors(gpus_per_node):
-        for pp in _divisors(spec.num_layers):
+        for pp in (p for p in _divisors(n) if p <= spec.num_layers):
+            even = spec.num_layers % pp == 0
+            split = () if even else balanced_split(spec.num_layers, pp)
+            v = base.virtual_stages if pp > 1 else 1
             cp = 1
             while tp * pp * cp <= n:
                 if n % (tp * pp * cp) == 0:
                     dp = n // (tp * pp * cp)
                     for ep in eps:
-                        lay = replace(base, tp=tp, pp=pp, cp=cp, ep=ep, dp=dp)
+                        lay = replace(
+                            base,
+                            tp=tp,
+                            pp=pp,
+                            cp=cp,
+                            ep=ep,
+                            dp=dp,
+                            pp_layers=split,
+                            virtual_stages=v,
+                        )
                         if not layout_problems(spec, lay, gpus_per_node):
                             out.append(lay)
                 cp *= 2

@@ -1,8 +1,8 @@
 """What one GPU of each pipeline stage holds and does per micro-batch: parameters, FLOPs,
 activation bytes and collective message sizes. Physical units only (never seconds).
 
-Per GPU of stage s (layers (s-1)L/p + 1 .. sL/p; the embedding on the first stage, final norm
-and LM head on the last):
+Per GPU of stage s (its layers from `stage_sizes`: L/p each or the explicit split; the embedding
+on the first stage, final norm and LM head on the last):
 - parameters: non-expert ones / TP, routed experts / EP (expert TP = 1);
 - FLOPs per micro-batch: every active FLOP of the stage / (TP x CP): TP splits the matmuls,
   CP the tokens, EP only moves tokens (balanced routing assumed); attention FLOPs are also
@@ -11,10 +11,13 @@ and LM head on the last):
   and residuals too).
 
 Messages per micro-batch (bytes, BF16 activations), the full logical tensor of each collective:
-- TP: 2 all-reduce-equivalents per layer per pass (attention and MLP block; with sequence
-  parallelism an all-gather + reduce-scatter of tokens/CP x hidden moves the same bytes);
+- TP: one all-reduce-equivalent per tensor-parallel block per pass (with sequence parallelism
+  an all-gather + reduce-scatter of tokens/CP x hidden moves the same bytes): the attention of
+  every layer, the MLP of dense layers only (routed and shared experts run with expert TP = 1
+  on the sequence-parallel shard, so an MoE block needs no TP collective), the vocab-parallel
+  embedding on the first stage and the LM head's gather on the last;
 - CP: a ring exchange of K and V, (CP - 1) rounds of one rank's chunk (forward); backward sends
-  K, V and their gradients (2x);
+  K, V and their gradients (2x); what moves per token is `_cp_kv`'s;
 - EP: dispatch + combine all-to-all of local tokens x experts-per-token x hidden per MoE layer
   and pass;
 - PP: one send of the stage's output activations (tokens/(TP x CP) x hidden), one of its grad;
@@ -27,16 +30,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slide_ir import moe
-from slide_ir.layout import Layout, cp_imbalance
+from slide_ir.layout import Layout, cp_imbalance, stage_sizes
 from slide_ir.model import ModelSpec
 
 BF16, FP32 = 2, 4
 
 
-def stage_layers(spec: ModelSpec, pp: int, stage: int) -> range:
-    """Decoder layers (1-based) of pipeline stage `stage` (0-based), even split."""
-    per = spec.num_layers // pp
-    return range(stage * per + 1, (stage + 1) * per + 1)
+def stage_layers(spec: ModelSpec, lay: Layout, stage: int) -> range:
+    """Decoder layers (1-based) of pipeline stage `stage` (0-based)."""
+    sizes = stage_sizes(spec, lay)
+    first = sum(sizes[:stage]) + 1
+    return range(first, first + sizes[stage])
 
 
 def activation_terms(spec: ModelSpec, layer: int) -> dict[str, int]:
@@ -88,6 +92,7 @@ class StageWork:
     input_bytes: int  # layer inputs kept per micro-batch under recompute
     layer_peak_bytes: int  # one layer's saved tensors: the recompute working set
     logits_bytes: int  # last stage: logits, FP32 copy and gradient
+    tp_blocks: int  # tensor-parallel blocks (one collective each per pass)
     tp_bytes: int  # TP collective message per pass (all layers)
     cp_bytes: int  # CP ring bytes sent per rank in the forward
     ep_bytes: int  # EP all-to-all bytes per rank per pass
@@ -99,7 +104,7 @@ class StageWork:
 
 
 def stage_work(spec: ModelSpec, lay: Layout, stage: int) -> StageWork:
-    layers = stage_layers(spec, lay.pp, stage)
+    layers = stage_layers(spec, lay, stage)
     b, s, split = lay.micro_batch_size, lay.seq, lay.tp * lay.cp
     tokens = b * s
     dense = sum(moe.layer_params(spec, i) - moe.routed_expert_params(spec, i) for i in layers)
@@ -109,19 +114,15 @@ def stage_work(spec: ModelSpec, lay: Layout, stage: int) -> StageWork:
         dense += spec.embedding_params
     if last:
         dense += spec.final_norm_params + spec.lm_head_params
-    attn = spec.attention_fwd_flops(b, s) * len(layers)
+    attn = moe.attention_fwd_flops(spec, b, s) * len(layers)
     linear = sum(2.0 * tokens * moe.active_matmul_params(spec, i) for i in layers)
     if last:
         linear += spec.head_fwd_flops(b, s)
     per_layer_act = [sum(activation_terms(spec, i).values()) * tokens // split for i in layers]
     hidden_local = tokens * spec.hidden_size * BF16 // split
     n_moe = sum(moe.is_moe_layer(spec, i) for i in layers)
-    kv_per_token = (
-        spec.num_heads * (spec.head_dim + moe.v_dim(spec) // spec.num_heads)
-        if spec.kv_lora_rank
-        else 2 * spec.kv_dim
-    ) * BF16
-    kv_split = min(lay.tp, spec.num_kv_heads) if not spec.kv_lora_rank else lay.tp
+    tp_blocks = 2 * len(layers) - n_moe + (stage == 0) + last  # attention, dense MLP, embed, head
+    kv_per_token, kv_split = _cp_kv(spec, lay.tp)
     return StageWork(
         stage=stage,
         layers=len(layers),
@@ -130,16 +131,29 @@ def stage_work(spec: ModelSpec, lay: Layout, stage: int) -> StageWork:
         expert_params=-(-experts // lay.ep),
         fwd_flops=(linear + attn * cp_imbalance(s, lay.cp)) / split,
         fwd_attn_flops=attn * cp_imbalance(s, lay.cp) / split,
-        fwd_bytes=sum(spec.layer_elementwise_bytes(b, s) for _ in layers) // split,
+        fwd_bytes=sum(moe.layer_elementwise_bytes(spec, i, b, s) for i in layers) // split,
         act_bytes=sum(per_layer_act),
         input_bytes=hidden_local * len(layers),
         layer_peak_bytes=max(per_layer_act),
         logits_bytes=tokens // lay.cp * -(-spec.vocab_size // lay.tp) * 10 if last else 0,
-        tp_bytes=2 * len(layers) * tokens // lay.cp * spec.hidden_size * BF16 if lay.tp > 1 else 0,
+        tp_blocks=tp_blocks if lay.tp > 1 else 0,
+        tp_bytes=tp_blocks * tokens // lay.cp * spec.hidden_size * BF16 if lay.tp > 1 else 0,
         cp_bytes=(lay.cp - 1) * len(layers) * tokens // lay.cp * kv_per_token // kv_split,
         ep_bytes=2 * n_moe * spec.experts_per_token * hidden_local if lay.ep > 1 else 0,
         pp_bytes=hidden_local if lay.pp > 1 else 0,
     )
+
+
+def _cp_kv(spec: ModelSpec, tp: int) -> tuple[int, int]:
+    """(bytes per token the CP ring moves, the TP split of them). GQA: K and V of the KV heads,
+    split by TP up to the KV heads. MLA: expanded K and V of every head, split by TP (ring
+    attention on the expanded heads). Sparse MLA (DSA) runs in MQA mode: every head attends to
+    the one compressed latent (kv_lora_rank + rope dims) per token, which is what moves, whole."""
+    if moe.dsa_indexer(spec)[0]:
+        return (spec.kv_lora_rank + spec.qk_rope_head_dim) * BF16, 1
+    if spec.kv_lora_rank:
+        return (spec.num_heads * spec.head_dim + moe.v_dim(spec)) * BF16, tp
+    return 2 * spec.kv_dim * BF16, min(tp, spec.num_kv_heads)
 
 
 def all_stages(spec: ModelSpec, lay: Layout) -> list[StageWork]:

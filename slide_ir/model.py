@@ -30,7 +30,7 @@ from slide_ir.moe import check as moe_check
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # Mixture-of-experts architectures: planned on paper by `slide layout` (slide_ir.moe reads their
 # configs); the executor builds only SUPPORTED_MODEL_TYPES, and `load_model` refuses these.
-MOE_MODEL_TYPES = ("qwen3_moe", "glm4_moe", "deepseek_v3")
+MOE_MODEL_TYPES = ("qwen3_moe", "glm4_moe", "deepseek_v3", "glm_moe_dsa")
 # Counts that are 0 on a dense model (MoE and multi-head latent attention shapes).
 _ZERO_OK = frozenset({"num_experts", "experts_per_token", "shared_experts",
                       "moe_intermediate_size", "dense_layers", "q_lora_rank", "kv_lora_rank",

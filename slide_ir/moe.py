@@ -1,10 +1,13 @@
 """Mixture-of-experts and multi-head latent attention shapes: per-layer parameters and FLOPs.
 
-A `ModelSpec` with `num_experts > 0` (qwen3_moe, glm4_moe, deepseek_v3) has decoder layers that
+A `ModelSpec` with `num_experts > 0` (qwen3_moe, glm4_moe, deepseek_v3, glm_moe_dsa) has decoder
+layers that
 differ: the first `dense_layers` keep a dense SwiGLU MLP (`intermediate_size`), the rest are MoE
 layers (a router, `num_experts` routed experts of width `moe_intermediate_size`, `shared_experts`
 always-active ones). DeepSeek's multi-head latent attention (MLA, `kv_lora_rank > 0`) replaces
-q/k/v projections by low-rank ones.
+q/k/v projections by low-rank ones. GLM-5 (glm_moe_dsa) adds DeepSeek Sparse Attention: a small
+indexer (`index_n_heads` x `index_head_dim`, read from the spec's HF config) scores every causal
+key, and each query attends to its `index_topk` best keys only.
 
 Invariants:
 - Counts follow transformers' modules exactly (`sum(p.numel() for p in model.parameters())`;
@@ -20,6 +23,8 @@ at run time.
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -67,6 +72,37 @@ def v_dim(spec: ModelSpec) -> int:
     return spec.kv_dim
 
 
+def dsa_indexer(spec: ModelSpec) -> tuple[int, int, int]:
+    """(top-k keys, indexer heads, indexer head dim) of DeepSeek Sparse Attention; zeros when the
+    model has none (only glm_moe_dsa here)."""
+    if spec.model_type != "glm_moe_dsa":
+        return (0, 0, 0)
+    return _dsa_fields(spec.hf_config_json)
+
+
+@functools.lru_cache(maxsize=32)
+def _dsa_fields(config_json: str) -> tuple[int, int, int]:
+    config = json.loads(config_json) if config_json else {}
+    topk, heads, dim = (
+        int(config.get(k) or 0) for k in ("index_topk", "index_n_heads", "index_head_dim")
+    )
+    return topk, heads, dim
+
+
+def attention_fwd_flops(spec: ModelSpec, batch: int, seq: int) -> float:
+    """Attention FLOPs of one layer's forward. Dense: `ModelSpec.attention_fwd_flops` (causal
+    s^2/2 pairs). DSA: each query attends to min(its causal keys, top-k) keys, s k - k^2/2 pairs
+    for s > k, at head_dim + v_head_dim per pair, plus the indexer's q.k scores over every causal
+    pair (index heads x index head dim; its ReLU and weighting are elementwise, ignored)."""
+    topk, heads, dim = dsa_indexer(spec)
+    if not topk:
+        return spec.attention_fwd_flops(batch, seq)
+    pairs = seq * seq / 2 if topk >= seq else seq * topk - topk * topk / 2
+    v = spec.v_head_dim or spec.head_dim
+    sparse = 2 * batch * spec.num_heads * pairs * (spec.head_dim + v)
+    return sparse + 2 * batch * heads * dim * seq * seq / 2
+
+
 def attention_matmul_params(spec: ModelSpec) -> int:
     """Weights of the attention projections (2 FLOPs per weight per token)."""
     h, heads = spec.hidden_size, spec.num_heads
@@ -77,7 +113,9 @@ def attention_matmul_params(spec: ModelSpec) -> int:
     nope = spec.head_dim - spec.qk_rope_head_dim
     kv = h * (spec.kv_lora_rank + spec.qk_rope_head_dim)
     kv += spec.kv_lora_rank * heads * (nope + spec.v_head_dim)
-    return q + kv + heads * spec.v_head_dim * h
+    _, idx_heads, idx_dim = dsa_indexer(spec)  # wq_b (from the q latent), wk, weights_proj
+    indexer = idx_heads * idx_dim * spec.q_lora_rank + idx_dim * h + idx_heads * h
+    return q + kv + heads * spec.v_head_dim * h + indexer
 
 
 def attention_other_params(spec: ModelSpec) -> int:
@@ -85,7 +123,7 @@ def attention_other_params(spec: ModelSpec) -> int:
     if spec.kv_lora_rank:  # q_a/kv_a layernorms; q_a, kv_a and o biases when attention_bias
         norms = spec.q_lora_rank + spec.kv_lora_rank
         bias = spec.q_lora_rank + spec.kv_lora_rank + spec.qk_rope_head_dim + spec.hidden_size
-        return norms + bias * spec.attention_bias
+        return norms + bias * spec.attention_bias + 2 * dsa_indexer(spec)[2]  # indexer k LayerNorm
     bias = (spec.q_dim + 2 * spec.kv_dim) * spec.attention_bias
     return bias + spec.hidden_size * spec.o_proj_bias + 2 * spec.head_dim * spec.qk_norm
 
@@ -142,7 +180,23 @@ def _active_mlp(spec: ModelSpec, layer: int) -> int:
     return active_matmul_params(spec, layer) - attn
 
 
+def layer_elementwise_bytes(spec: ModelSpec, layer: int, batch: int, seq: int) -> int:
+    """HBM traffic of one layer's forward outside matmuls and attention. Dense layers:
+    `ModelSpec.layer_elementwise_bytes`. MoE layers replace the dense SwiGLU (6 B per
+    intermediate unit) by the routed and shared experts' (topk + shared) x moe_intermediate
+    units, and add the token permutation: every routed copy of a token (h BF16 values) is
+    written and read once to dispatch and once to combine (8 h B per copy), and the router's
+    FP32 scores are written, read for top-k and read for the softmax (12 B per expert)."""
+    dense = spec.layer_elementwise_bytes(batch, seq)
+    if not is_moe_layer(spec, layer):
+        return dense
+    per_token = -6 * spec.intermediate_size
+    per_token += 6 * (spec.experts_per_token + spec.shared_experts) * spec.moe_intermediate_size
+    per_token += 8 * spec.experts_per_token * spec.hidden_size + 12 * spec.num_experts
+    return dense + batch * seq * per_token
+
+
 def layer_fwd_flops(spec: ModelSpec, layer: int, batch: int, seq: int) -> float:
     """Forward FLOPs of decoder layer `layer`: 2 per active matmul weight per token + attention."""
     linear = 2.0 * batch * seq * active_matmul_params(spec, layer)
-    return linear + spec.attention_fwd_flops(batch, seq)
+    return linear + attention_fwd_flops(spec, batch, seq)

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for dim in ("tp", "pp", "cp", "ep"):
         parser.add_argument(f"--{dim}", type=int, default=1, help=f"{dim.upper()} size [1]")
     parser.add_argument("--dp", type=int, default=0, help="DP size [N / (TP PP CP)]")
-    parser.add_argument("--pp-layers", type=_stage_list, default=(), metavar="N,N,...",
+    parser.add_argument("--pp-layers", default="", metavar="N,N,...",
                         help="decoder layers per pipeline stage, e.g. 9,10,10,10,10,10,10,9 "
                         "[L / PP each]")  # fmt: skip
     parser.add_argument("--virtual-stages", type=int, default=1, metavar="V",
@@ -56,14 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _stage_list(text: str) -> tuple[int, ...]:
+    if not text:
+        return ()
     try:
         sizes = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected layer counts like 8,8,7; got {text!r}"
-        ) from None
+        raise UserError(f"--pp-layers takes layer counts like 8,8,7; got {text!r}") from None
     if any(n < 1 for n in sizes):
-        raise argparse.ArgumentTypeError(f"every stage needs >= 1 layer; got {text!r}")
+        raise UserError(f"--pp-layers: every stage needs >= 1 layer; got {text!r}")
     return sizes
 
 
@@ -73,7 +73,7 @@ def _layout(args: argparse.Namespace) -> Layout:
         zero=args.zero, distributed_optimizer=args.distributed_optimizer,
         cpu_adam=args.cpu_adam, recompute=args.recompute, seq=args.seq,
         micro_batch_size=args.micro_batch_size, global_batch=args.global_batch,
-        micro_batches=args.micro_batches, pp_layers=args.pp_layers,
+        micro_batches=args.micro_batches, pp_layers=_stage_list(args.pp_layers),
         virtual_stages=args.virtual_stages, deepep=args.deepep,
     )  # fmt: skip
 

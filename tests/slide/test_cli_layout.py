@@ -46,3 +46,25 @@ def test_invalid_layout_is_one_line_and_exit_2(capsys):
 def test_unknown_model_and_node(capsys):
     assert run(capsys, "--model", "qwen3-30b", "--gpus", "8")[0] == 2
     assert run(capsys, "--model", "qwen3-30b-a3b", "--gpus", "8", "--machine", "x")[0] == 2
+
+
+def test_uneven_split_and_interleaving(capsys):
+    """GLM-5's 78 layers on PP8 need an explicit split; the interleaved bubble is reported."""
+    args = ("--model", "glm-5", "--gpus", "256", "--tp", "4", "--pp", "8", "--cp", "8", "--ep",
+            "32", "--seq", "131072", "--cpu-adam", "--recompute", "--distributed-optimizer",
+            "--global-batch", "64")  # fmt: skip
+    code, _, err = run(capsys, *args)
+    assert code == 2 and "--pp-layers 9,10,10,10,10,10,10,9" in err
+    code, out, _ = run(capsys, *args, "--pp-layers", "9,10,10,10,10,10,10,9",
+                       "--virtual-stages", "2", "--deepep", "--json")  # fmt: skip
+    assert code == 0
+    result = json.loads(out)
+    assert "PP8[9,10,10,10,10,10,10,9] v2" in result["layout"] and "deepep" in result["layout"]
+    assert result["fits"]
+    assert result["predicted"]["bubble"] == 7 / (2 * 64 + 7)
+
+
+def test_bad_stage_list_is_one_line(capsys):
+    code, out, err = run(capsys, "--model", "llama-3.1-8b", "--gpus", "8", "--pp", "2",
+                         "--pp-layers", "16,x")  # fmt: skip
+    assert code == 2 and not out and err.count("\n") == 1 and "--pp-layers" in err

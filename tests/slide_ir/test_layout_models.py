@@ -18,6 +18,8 @@ PUBLISHED = {
     "deepseek-v3": (671e9, 0.5e9),
     # 355B includes the multi-token-prediction layer (~4B) that transformers does not build.
     "glm-4.5": (355e9, 0.01 * 355e9),
+    # GLM-5 README: 744B total, 40B active (multi-token-prediction layer not built).
+    "glm-5": (744e9, 0.5e9),
 }
 
 
@@ -54,6 +56,11 @@ def test_params_match_transformers_exactly(name):
     for i, layer in enumerate(model.model.layers, start=1):
         if i in (1, spec.num_layers):
             assert moe.layer_params(spec, i) == sum(p.numel() for p in layer.parameters())
+
+
+def test_glm5_activated_params_match_its_readme():
+    spec = load_layout_model("glm-5")
+    assert moe.active_params(spec) - spec.embedding_params == pytest.approx(40e9, abs=1e9)
 
 
 def test_flops_follow_active_params():
