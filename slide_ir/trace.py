@@ -15,6 +15,7 @@ updates) are timed by their period, as a throughput measurement would.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -228,6 +229,28 @@ def _compute_only(spans: Sequence[Span], steady: Sequence[int], tokens: int) -> 
 def _bottleneck(path: Mapping[str, float], util: Mapping[str, float]) -> str:
     lanes = {lane: t for lane, t in path.items() if lane != "wait"} or dict(util)
     return max(lanes, key=lambda lane: lanes[lane]) if lanes else ""
+
+
+def trace_violations(trace: Trace, graph: Graph, tolerance_s: float = 0.0) -> list[str]:
+    """Where a trace breaks its graph's rules, both engines' rule: an op starts only after each
+    of its dependencies ended, and a lane runs its ops one at a time in list order. Ops the
+    trace does not hold (outside an executor's trace window) are skipped. `tolerance_s`
+    absorbs clock skew between host and device timestamps; [] means the trace obeys."""
+    spans = {s.op_id: s for s in trace.spans}
+    ops = {op.id: op for op in graph.ops}
+    problems = [f"{i} is not an op of the graph" for i in spans if i not in ops]
+    for op_id, span in spans.items():
+        for dep in ops[op_id].deps if op_id in ops else ():
+            if dep in spans and span.start < spans[dep].end - tolerance_s:
+                problems.append(f"{op_id} started at {span.start:.6f} s, before its "
+                                f"dependency {dep} ended at {spans[dep].end:.6f} s")  # fmt: skip
+    for lane in graph.lanes():
+        ran = [spans[op.id] for op in graph.lane_ops(lane) if op.id in spans]
+        for a, b in itertools.pairwise(ran):
+            if b.start < a.end - tolerance_s:
+                problems.append(f"{b.op_id} started at {b.start:.6f} s on lane {lane} before "
+                                f"{a.op_id}, ahead of it there, ended at {a.end:.6f} s")  # fmt: skip
+    return problems
 
 
 def peak_bytes(memory: Iterable[MemorySample]) -> dict[str, int]:

@@ -11,6 +11,8 @@ from hf_models import hf_model, spec_of, state_dict_fp32, tiny_config
 from executor.adam import AdamWConfig
 from executor.train import TrainResult, train
 from slide_ir import TrainConfig, load_machine
+from slide_ir.graph import Graph
+from slide_ir.planner import plan
 
 B, S, STEPS, LR = 2, 16, 10, 1e-3
 MACHINE = "h200-16c-128g"
@@ -110,6 +112,12 @@ def run_executor(
         dtype=torch.float32,
         **kwargs,
     )
+
+
+def graph_of(tied: bool, drives: int = 0, steps: int = STEPS, **config: object) -> Graph:
+    """The graph `run_executor` runs with these arguments (one repetition: steps <= 64)."""
+    train_config = TrainConfig(batch=B, seq=S, steps=steps, **config)  # type: ignore[arg-type]
+    return plan(spec_of(model_config(tied)), load_machine(MACHINE, nvme=drives), train_config).graph
 
 
 def assert_bitwise_equal(a: TrainResult, b: TrainResult) -> None:

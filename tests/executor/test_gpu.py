@@ -142,3 +142,20 @@ def test_repeated_graph_and_saves_on_cuda(monkeypatch, config: dict) -> None:
         dtype=torch.bfloat16,
     )
     assert all(torch.equal(saved[4][k], t) for k, t in four.final_state.items())
+
+
+@pytest.mark.parametrize("config", [{}, {"streamed": 2, "resident": 1}], ids=["sliding", "mixed"])
+def test_cuda_trace_obeys_its_graph(config: dict) -> None:
+    """The measured trace (CUDA events on the GPU lanes, host clock on the others) keeps the
+    graph's rules; 1 ms absorbs the skew between the two clocks."""
+    from slide_ir.planner import plan
+    from slide_ir.trace import trace_violations
+
+    graph = plan(
+        spec_of(CONFIG),
+        load_machine("h200-16c-128g"),
+        TrainConfig(batch=B, seq=S, steps=STEPS, **config),
+    ).graph
+    result = _ours(config)
+    assert result.trace.spans
+    assert trace_violations(result.trace, graph, tolerance_s=1e-3) == []

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
 import pytest
 import torch
-from runs import B, S, assert_bitwise_equal, batches, run_executor
+from runs import B, S, assert_bitwise_equal, batches, graph_of, run_executor
 
 from executor import handlers
 from executor.adam import AdamWConfig
 from executor.completion import WaitTimeout
 from executor.train import DataError, InfeasiblePlanError, NonFiniteLossError, train
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
+from slide_ir.trace import trace_violations
 
 # Lanes of every kind at once: sliding + resident units, NVMe activations, micro-batches.
 BUSY = {"drives": 2, "activations": "nvme", "grad_accum": 2, "resident": 1, "steps": 4}
@@ -49,9 +51,14 @@ def test_serialised_run_equals_overlapped_run(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("SLIDE_SERIAL", "1")
     serial = run_executor(True, **BUSY)
     assert_bitwise_equal(serial, overlapped)
-    ends = {s.op_id: s.end for s in serial.trace.spans}
-    starts = [s.start for s in sorted(serial.trace.spans, key=lambda s: s.start)]
-    assert starts == sorted(starts) and len(ends) == len(serial.trace.spans)
+    graph = graph_of(True, **BUSY)
+    assert trace_violations(overlapped.trace, graph) == []
+    assert trace_violations(serial.trace, graph) == []
+    spans = {s.op_id: s for s in serial.trace.spans}
+    listed = [spans[op.id] for op in graph.ops if op.id in spans]
+    assert len(listed) == len(spans) > 0  # the trace window: steps 1-4, every op of them
+    late = [(a.op_id, b.op_id) for a, b in itertools.pairwise(listed) if b.start < a.end]
+    assert late == []  # serial: each op starts after the op before it in the list ended
 
 
 def test_failing_lane_stops_the_run_and_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -199,3 +199,20 @@ def test_critical_path_walks_back_through_the_gating_predecessor():
     # L1.fwd for L1.h2d: gpu 3 + 3 + 3, h2d 2
     assert m.critical_path == {"gpu": 9.0, "h2d": 2.0}
     assert m.bottleneck == "gpu"
+
+
+def test_traces_obey_their_graph_and_a_broken_one_is_named():
+    from dataclasses import replace
+
+    from slide_ir.trace import trace_violations
+
+    graph = parse_graph(RING)
+    trace = simulate(graph, _by_lane(graph, h2d=2.0, gpu=3.0))
+    assert trace_violations(trace, graph) == []
+    spans = {s.op_id: s for s in trace.spans}
+    early = replace(spans["L3.fwd"], start=spans["L3.h2d"].end - 0.5)  # before its upload ended
+    broken = replace(trace, spans=tuple(early if s.op_id == "L3.fwd" else s for s in trace.spans))
+    found = trace_violations(broken, graph)
+    assert any("L3.fwd" in p and "dependency L3.h2d" in p for p in found)
+    assert any("L3.fwd" in p and "on lane gpu" in p for p in found)  # overlaps L2.fwd too
+    assert trace_violations(broken, graph, tolerance_s=2.0) == []
