@@ -15,13 +15,6 @@ COMMON = ["--device", "cpu", "--batch", "2", "--seq", "32", "--lr", "1e-3", "--l
           "constant", "--no-shuffle", "--no-progress"]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "tokens.npy"
-    np.save(path, np.random.default_rng(0).integers(0, 512, 20_000))
-    return str(path)
-
-
 def train(capsys, *argv):
     code = main(["train", *COMMON, *argv])
     out, err = capsys.readouterr()

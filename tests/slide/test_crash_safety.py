@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -50,13 +49,6 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "tokens.npy"
-    np.save(path, np.random.default_rng(0).integers(0, 512, 20_000))
-    return str(path)
 
 
 @pytest.fixture(scope="module")

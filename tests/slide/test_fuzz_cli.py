@@ -8,7 +8,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -23,13 +22,6 @@ TRAIN_ONLY = {"--save-every", "--keep", "--lr", "--betas", "--eps", "--warmup-st
 FUZZ = settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "tokens.npy"
-    np.save(path, np.random.default_rng(2).integers(0, 512, 5_000))
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,6 @@ COMMON = ["--device", "cpu", "--batch", "2", "--seq", "32", "--lr", "1e-3", "--n
           "--no-progress"]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "tokens.npy"
-    np.save(path, np.random.default_rng(1).integers(0, 512, 20_000))
-    return str(path)
-
-
 def train(capsys, tokens, *argv):
     code = main(["train", *COMMON, "--data", tokens, *argv])
     out, err = capsys.readouterr()

@@ -1,0 +1,12 @@
+"""Fixtures the `slide train` tests share."""
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    """A 1-D token-id .npy file (20,000 ids below tiny-llama's vocab of 512)."""
+    path = tmp_path_factory.mktemp("data") / "tokens.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 512, 20_000))
+    return str(path)
