@@ -102,10 +102,11 @@ VARIANT_FIELDS = {
 
 
 def variant_fields(variant: str) -> dict[str, object]:
-    """`pure` (every unit slides, every update on the CPU) or `key=value+key=value` over
-    VARIANT_FIELDS, e.g. `streamed=auto`, `resident=auto`, `streamed=8+cpu_threads=12`."""
+    """`pure` (every unit slides, every update on the CPU: `--placement small`) or
+    `key=value+key=value` over VARIANT_FIELDS, e.g. `streamed=auto`, `resident=0+streamed=8`
+    (what is not pinned, the placement search chooses)."""
     if variant == "pure":
-        return {"streamed": 0}
+        return {"placement": "small"}
     out = {}
     for item in variant.split("+"):
         key, _, value = item.partition("=")

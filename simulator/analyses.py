@@ -21,7 +21,7 @@ from simulator.run import SimResult, resolve_machine, resolve_model, simulate_pl
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import Machine
 from slide_ir.model import ModelSpec
-from slide_ir.planner import plan
+from slide_ir.placement import plan_fits
 
 log = logging.getLogger(__name__)
 UTIL_TARGET = 0.97
@@ -91,13 +91,14 @@ def critical_batch(
 
 
 def _largest_fitting(spec: ModelSpec, mach: Machine, config: TrainConfig, limit: int) -> int:
-    """Largest batch in [1, limit] whose plan fits (0 if none), by the planner itself, so its
-    "auto" choices (activations on the GPU, streamed units) count as they do in `slide plan`:
-    a ledger with the activations forced to the host overflows the host first (8B on the
-    H200: 35 against 60). The answer fits and the next batch does not (or it is `limit`)."""
+    """Largest batch in [1, limit] whose plan fits (0 if none), by the planner's own placement
+    search (`plan_fits`), so its "auto" choices (resident units, activations on the GPU) count
+    as they do in `slide plan`: a ledger with the activations forced to the host overflows the
+    host first (8B on the H200: 35 against 60). The answer fits and the next batch does not
+    (or it is `limit`)."""
 
     def ok(batch: int) -> bool:
-        return plan(spec, mach, replace(config, batch=batch)).feasible
+        return plan_fits(spec, mach, replace(config, batch=batch))
 
     if not ok(1):
         return 0

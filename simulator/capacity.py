@@ -17,18 +17,15 @@ from typing import Any
 
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import Machine
-from slide_ir.ledger import build_ledger
 from slide_ir.model import ModelSpec, load_model, model_names
-from slide_ir.planner import choose_resident
+from slide_ir.placement import plan_fits
 
 log = logging.getLogger(__name__)
 
 
 def fits(model: ModelSpec, machine: Machine, config: TrainConfig) -> bool:
-    if config.activations == "auto":  # "auto" only ever moves inputs to a GPU that has room
-        config = replace(config, activations="cpu")
-    resident = choose_resident(model, machine, config)
-    return build_ledger(model, machine, config, resident).feasible
+    """Whether the planner's plan of `config` fits (its placement search included)."""
+    return plan_fits(model, machine, config)
 
 
 def family(name: str) -> str:

@@ -48,6 +48,7 @@ class SimResult:
             "overflows": [{"tier": t, "bytes_over": int(b)} for t, b in ledger.overflows()],
             "ledger": {t: int(ledger.peak_bytes(t)) for t in REPORT_TIERS},
             "capacity": {t: int(ledger.capacity_bytes(t)) for t in REPORT_TIERS},
+            "placement": choice.summary(self.plan.model) if (choice := self.plan.choice) else None,
         }
         if self.metrics is not None:
             out.update(_metric_fields(self.metrics))

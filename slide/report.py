@@ -7,6 +7,7 @@ from typing import Any
 
 from slide_ir.advice import suggest_fixes
 from slide_ir.ledger import REPORT_TIERS, build_ledger
+from slide_ir.placement import PlacementChoice
 from slide_ir.planner import Plan
 
 GB = 1e9
@@ -34,9 +35,10 @@ def plan_summary(p: Plan) -> dict[str, Any]:
         "memory": memory,
         "feasible": led.feasible,
         "overflows": {tier: over for tier, over in led.overflows()},
-        "suggestions": suggest_fixes(p.model, p.machine, p.config, led) if not led.feasible else [],
+        "suggestions": advice(p) if not led.feasible else [],
         "resident_units": list(led.resident),
         "streamed_units": list(led.streamed),
+        "placement": p.choice.summary(p.model) if p.choice else None,
         "baselines": baselines(p),
         "graph": {
             "ops": len(p.graph.ops),
@@ -44,6 +46,13 @@ def plan_summary(p: Plan) -> dict[str, Any]:
             "pools": len(p.graph.pools),
         },
     }
+
+
+def advice(p: Plan) -> list[str]:
+    """`suggest_fixes` for an infeasible plan. Its trial ledgers hold no streamed units, and
+    its trial configs move state to NVMe, which a config with streamed units refuses: they get
+    the plan's config without its streamed count."""
+    return suggest_fixes(p.model, p.machine, replace(p.config, streamed=0), p.ledger)
 
 
 def baselines(p: Plan) -> dict[str, dict[str, int]]:
@@ -57,6 +66,55 @@ def baselines(p: Plan) -> dict[str, dict[str, int]]:
     return out
 
 
+HOW = {
+    "small": "--placement small: the smallest footprint",
+    "pinned": "as given: nothing left to choose",
+    "nothing fits": "no placement fits: the smallest footprint is shown",
+}
+
+
+def render_placement(p: Plan) -> list[str]:
+    """What the placement search chose and why: its predicted step, the runner-up's and that
+    of the rule before the search (no resident units, streamed ones by the closed-form estimate)."""
+    choice = p.choice
+    if choice is None or choice.how == "schedule":
+        return []
+    head = f"placement: {choice.chosen.describe(p.model)}"
+    if choice.how != "searched":
+        return [f"{head} ({HOW[choice.how]})"]
+    step = choice.predicted_step_s or 0.0
+    tokens = p.config.tokens_per_step / step if step else 0.0
+    lines = [
+        head,
+        f"  the fastest of {len(choice.considered)} placements that fit: {step:.3f} s/step "
+        f"predicted ({tokens:,.0f} tokens/s)",
+    ]
+    lines += _alternatives(p, choice, step)
+    return lines
+
+
+def _alternatives(p: Plan, choice: PlacementChoice, step: float) -> list[str]:
+    out = []
+    runner, chosen = choice.runner_up, choice.candidate(choice.chosen)
+    if runner is not None and chosen is not None:
+        tie = ""
+        if runner.rank()[0] == chosen.rank()[0]:
+            smaller = runner.gpu_bytes > chosen.gpu_bytes
+            tie = " (as fast: the smaller GPU footprint won)" if smaller else " (as fast)"
+        out.append(
+            f"  runner-up: {runner.placement.describe(p.model)}: {runner.step_s:.3f} s/step "
+            f"(+{runner.step_s / step - 1:.1%}){tie}"
+        )
+    legacy = choice.candidate(choice.legacy)
+    if legacy is not None and legacy.placement != choice.chosen:
+        out.append(
+            f"  without resident units (the default before): "
+            f"{legacy.placement.describe(p.model)}: {legacy.step_s:.3f} s/step "
+            f"(+{legacy.step_s / step - 1:.1%})"
+        )
+    return out
+
+
 def render_plan(p: Plan) -> str:
     c, m, led = p.config, p.model, p.ledger
     lines = [
@@ -66,6 +124,7 @@ def render_plan(p: Plan) -> str:
         f"optimizer on {c.optimizer}"
         + (f", resident units {len(led.resident)}" if led.resident else "")
         + (f", streamed updates {len(led.streamed)}" if led.streamed else ""),
+        *render_placement(p),
         "",
     ]
     for tier in REPORT_TIERS:
@@ -86,7 +145,7 @@ def render_plan(p: Plan) -> str:
     else:
         over = ", ".join(f"{t} by {b / GB:.1f} GB" for t, b in led.overflows())
         lines.append(f"verdict: does not fit ({over}). What would make it fit:")
-        lines += [f"  - {s}" for s in suggest_fixes(m, p.machine, c, led)]
+        lines += [f"  - {s}" for s in advice(p)]
     others = "; ".join(
         f"{name} GPU {b['gpu'] / GB:.1f} GB, host {b['cpu'] / GB:.1f} GB"
         for name, b in baselines(p).items()

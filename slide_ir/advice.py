@@ -26,7 +26,7 @@ def suggest_fixes(
         batch = _largest_batch(model, machine, config)
         if batch:
             out.append(f"reduce the batch to {batch} (--batch {batch})")
-        if config.cache_units > 2:
+        if config.cache_depth > 2:
             two = replace(config, cache_units=2)
             if _fits(model, machine, two, "gpu"):
                 out.append("use two GPU cache units (--cache-units 2)")

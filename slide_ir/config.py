@@ -10,12 +10,17 @@ from dataclasses import dataclass
 
 SCHEDULES = ("sliding", "zero-offload", "gpu-only")
 ACTIVATION_PLACES = ("gpu", "cpu", "nvme")
-# "auto": the planner keeps the layer inputs on the GPU when the updates it streams need the
-# link more than the GPU memory (see `planner.choose_activations`), else on the CPU
+# "auto": chosen with the rest of the placement (`slide_ir.placement`; on the host with
+# placement="small")
 ACTIVATION_CHOICES = (*ACTIVATION_PLACES, "auto")
 # "nvme" puts master weights and both moments on NVMe; "nvme-moments" only the two moments.
 OPTIMIZER_PLACES = ("cpu", "nvme", "nvme-moments")
 MOMENT_DTYPES = ("fp32", "bf16")
+# "fast": every "auto" choice (resident, streamed and sliding units, where the layer inputs live,
+# the cache depth) together, for the shortest predicted step that fits (`slide_ir.placement`);
+# "small": the smallest footprint: everything sliding, inputs on the host, DEFAULT_CACHE_UNITS
+PLACEMENTS = ("fast", "small")
+DEFAULT_CACHE_UNITS = 3
 # "per-unit": each unit's gradient (the embedding, one decoder layer, the head) is clipped to
 # `clip_norm` by its own L2 norm, right before its update: exact global-norm clipping would need
 # every gradient before the first update, which is the overlap the sliding schedule exists for.
@@ -32,19 +37,26 @@ class TrainConfig:
     activations: str = "auto"
     optimizer: str = "cpu"
     moments_dtype: str = "fp32"
-    cache_units: int = 3  # GPU cache units for sliding decoder layers (prefetch depth + 1)
+    # GPU cache units for sliding decoder layers (prefetch depth + 1): a count >= 2, or "auto"
+    # (chosen by the placement search; DEFAULT_CACHE_UNITS where nothing is searched)
+    cache_units: int | str = "auto"
     # pinned CPU landing buffers for downloaded decoder-layer gradients; None: 3, or with
-    # streamed units one per host-updated layer (see `ledger.landing_buffers`)
+    # resident or streamed units one per host-updated layer (see `ledger.landing_buffers`)
     grad_buffers: int | None = None
     act_buffers: int = 3  # GPU buffers for layer inputs in flight to/from the CPU
-    resident: int | str = 0  # layers kept whole on the GPU: a count, or "auto"
+    # units kept whole on the GPU (weights, grads, master, moments; updated there), first in
+    # `ledger.resident_preference` order: a count, or "auto"
+    resident: int | str = "auto"
     # sliding units whose AdamW runs on the GPU, their FP32 master and moments streamed over the
     # link (up before the unit's backward, down after): a count, or "auto". See `streamed_units`.
     streamed: int | str = "auto"
     lce_chunk_tokens: int | None = None  # None: chosen from `lce_budget_bytes`
     lce_budget_bytes: int = 1 << 29  # a chunk's bf16 logits: 2048 tokens at vocab 128256
     cpu_threads: int | None = None  # optimizer threads; None: every core
-    gpu_margin: float = 0.05  # share of GPU memory `resident="auto"` leaves free
+    placement: str = "fast"  # how "auto" choices are made: see PLACEMENTS
+    # a cap on the GPU memory the plan may use (a shared GPU, a second job); None: the GPU's
+    gpu_memory_gb: float | None = None
+    gpu_margin: float = 0.05  # share of the (capped) GPU memory "auto" choices leave free
     # share of host RAM left to the OS and page cache: the ledger's CPU capacity is the rest (an
     # 8B plan at 99% of the H200 host's 125 GiB was killed by the kernel's OOM killer)
     host_margin: float = 0.05
@@ -58,9 +70,15 @@ class TrainConfig:
         _choice("activations", self.activations, ACTIVATION_CHOICES)
         _choice("optimizer", self.optimizer, OPTIMIZER_PLACES)
         _choice("moments_dtype", self.moments_dtype, MOMENT_DTYPES)
-        if self.cache_units < 2:
+        _cache_units(self.cache_units)
+        _choice("placement", self.placement, PLACEMENTS)
+        cap = self.gpu_memory_gb
+        if cap is not None and (
+            isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap < 1e6
+        ):
             raise ValueError(
-                f"cache_units must be >= 2 (one computing, one prefetching), got {self.cache_units}"
+                f"gpu_memory_gb must be a number of GB > 0 (or None: the GPU's memory), "
+                f"got {self.gpu_memory_gb!r}"
             )
         if self.grad_buffers is not None and self.grad_buffers < 1:
             raise ValueError(f"grad_buffers must be >= 1, got {self.grad_buffers}")
@@ -90,12 +108,13 @@ class TrainConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
     @property
-    def tokens_per_micro_batch(self) -> int:
-        return self.batch * self.seq
-
-    @property
     def tokens_per_step(self) -> int:
         return self.batch * self.seq * self.grad_accum
+
+    @property
+    def cache_depth(self) -> int:
+        """GPU cache units: the count asked for, DEFAULT_CACHE_UNITS for an unresolved "auto"."""
+        return DEFAULT_CACHE_UNITS if self.cache_units == "auto" else int(self.cache_units)
 
     @property
     def moment_bytes(self) -> int:
@@ -111,6 +130,25 @@ def parse_count_or_auto(name: str, text: str) -> int | str:
         return int(text)
     except ValueError:
         raise ValueError(f"{name} must be a count >= 0 or 'auto', got {text!r}") from None
+
+
+def parse_cache_units(text: str) -> int | str:
+    """`--cache-units` on the command line: a count >= 2 or `auto`."""
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"cache_units must be a count >= 2 or 'auto', got {text!r}") from None
+
+
+def _cache_units(value: object) -> None:
+    if value == "auto":
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+        raise ValueError(
+            f"cache_units must be >= 2 (one computing, one prefetching) or 'auto', got {value!r}"
+        )
 
 
 def _count_or_auto(name: str, value: object) -> None:

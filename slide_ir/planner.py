@@ -1,15 +1,18 @@
 """The planner: (ModelSpec, Machine, TrainConfig) -> Plan = memory ledger + schedule Graph.
 
-The ledger is decided first (which units stay resident, what every tier holds), its terms become
-the Graph's pools, and a schedule emitter writes the ops. An infeasible plan is still built (so a
-user can see it) but reports its overflow; engines refuse to run it.
+The placement is decided first (`slide_ir.placement`: which units stay resident, which are
+streamed, where the layer inputs live, the cache depth: the fastest predicted choice that fits),
+then the ledger (what every tier holds), whose terms become the Graph's pools, and a schedule
+emitter writes the ops. An infeasible plan is still built (so a user can see it) but reports its
+overflow; engines refuse to run it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from slide_ir.baselines import emit_gpu_only, emit_zero_offload
@@ -17,11 +20,12 @@ from slide_ir.builder import GraphBuilder
 from slide_ir.config import TrainConfig
 from slide_ir.graph import Graph, GraphInfo
 from slide_ir.hardware import Machine, load_machine_toml, machine_to_toml
-from slide_ir.ledger import Ledger, build_ledger, resident_preference
+from slide_ir.ledger import Ledger, build_ledger
 from slide_ir.model import ModelSpec
+from slide_ir.placement import PlacementChoice, choose_placement
 from slide_ir.schedules import Ctx
 from slide_ir.sliding import emit_sliding
-from slide_ir.streaming import choose_streamed, state_pace
+from slide_ir.streaming import state_pace
 
 PLAN_VERSION = 1
 T = TypeVar("T")
@@ -32,9 +36,10 @@ EMITTERS = {"sliding": emit_sliding, "zero-offload": emit_zero_offload, "gpu-onl
 class Plan:
     model: ModelSpec
     machine: Machine
-    config: TrainConfig
+    config: TrainConfig  # every "auto" resolved: re-planning it gives this plan
     ledger: Ledger
     graph: Graph
+    choice: PlacementChoice | None = None  # how the placement was chosen, with the runner-up
 
     @property
     def feasible(self) -> bool:
@@ -42,12 +47,20 @@ class Plan:
 
 
 def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
-    """The plan of `config`, with its "auto" choices made (the returned `Plan.config` holds
-    the activation placement chosen)."""
-    config = replace(config, activations=choose_activations(model, machine, config))
-    resident = choose_resident(model, machine, config)
-    streamed = choose_streamed(model, machine, config, resident)
+    """The plan of `config`, with its "auto" choices made by `choose_placement`: the returned
+    `Plan.config` holds them (activations, cache depth, resident and streamed counts)."""
+    choice = choose_placement(model, machine, config, partial(build_graph, model, machine))
+    config = choice.resolve(config)
+    resident, streamed = choice.chosen.units(model) if config.schedule == "sliding" else ((), ())
     ledger = build_ledger(model, machine, config, resident, streamed)
+    graph = build_graph(model, machine, config, ledger)
+    return Plan(
+        model=model, machine=machine, config=config, ledger=ledger, graph=graph, choice=choice
+    )
+
+
+def build_graph(model: ModelSpec, machine: Machine, config: TrainConfig, ledger: Ledger) -> Graph:
+    """The schedule of `config.schedule` over the ledger's pools and placement."""
     ctx = Ctx(
         model=model,
         config=config,
@@ -70,7 +83,7 @@ def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
         params=model.total_params,
         flops_per_step=model_flops_per_step(model, config),
     )
-    return Plan(model=model, machine=machine, config=config, ledger=ledger, graph=ctx.b.build(info))
+    return ctx.b.build(info)
 
 
 def model_flops_per_step(model: ModelSpec, config: TrainConfig) -> float:
@@ -79,44 +92,6 @@ def model_flops_per_step(model: ModelSpec, config: TrainConfig) -> float:
     layers = model.num_layers * (model.layer_fwd_flops(b, s) + model.layer_bwd_flops(b, s))
     head = model.head_fwd_flops(b, s) + model.head_bwd_flops(b, s)
     return config.grad_accum * (layers + head)
-
-
-def choose_activations(model: ModelSpec, machine: Machine, config: TrainConfig) -> str:
-    """For "auto": the layer inputs stay on the GPU when, with them there, the plan streams
-    updates and still fits. Streamed state needs the link, and saving and reloading the inputs
-    would share it (on the H200, 3B at batch 16: 17.7k tokens/s with the inputs on the GPU
-    against 15.0k on the host, bench/RESULTS.md). Without streaming the schedule is bound by
-    the CPU, so the inputs go to the host and the GPU keeps its memory."""
-    if config.activations != "auto":
-        return config.activations
-    if config.schedule != "sliding":
-        return "cpu"
-    on_gpu = replace(config, activations="gpu")
-    resident = choose_resident(model, machine, on_gpu)
-    streamed = choose_streamed(model, machine, on_gpu, resident)
-    if streamed and build_ledger(model, machine, on_gpu, resident, streamed).feasible:
-        return "gpu"
-    return "cpu"
-
-
-def choose_resident(model: ModelSpec, machine: Machine, config: TrainConfig) -> tuple[int, ...]:
-    """Units kept whole on the GPU: the first `resident` of `resident_preference`, or with
-    "auto" as many as keep the GPU ledger under (1 - gpu_margin) of its capacity."""
-    if config.schedule != "sliding":
-        return ()
-    order = resident_preference(model)
-    if config.resident != "auto":
-        count = int(config.resident)
-        if count > len(order):
-            raise ValueError(f"resident must be at most {len(order)} for {model.name}, got {count}")
-        return order[:count]
-    budget = (1.0 - config.gpu_margin) * machine.gpu.memory_bytes
-    best = 0
-    for count in range(1, len(order) + 1):
-        if build_ledger(model, machine, config, order[:count]).peak_bytes("gpu") > budget:
-            break
-        best = count
-    return order[:best]
 
 
 # -- saved plans -----------------------------------------------------------------------------

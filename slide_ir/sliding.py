@@ -35,7 +35,7 @@ K = OpKind
 def emit_sliding(ctx: Ctx) -> None:
     c, n = ctx.config, ctx.n
     layers = [i for i in range(1, n + 1) if i not in ctx.resident]
-    ahead = max(min(c.cache_units, len(layers)) - 1, 0)
+    ahead = max(min(c.cache_depth, len(layers)) - 1, 0)
     ctx.kept = frozenset(layers[len(layers) - ahead :]) if ahead else frozenset()
     for step in range(1, c.steps + 1):
         io = OptimizerIo(ctx, step)

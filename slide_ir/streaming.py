@@ -24,6 +24,7 @@ from slide_ir.ledger import (
     FP32,
     adam_bytes_per_param,
     build_ledger,
+    gpu_budget,
     resident_preference,
     unit_params,
 )
@@ -39,7 +40,7 @@ def choose_streamed(
 ) -> tuple[int, ...]:
     """The first `streamed` sliding units of `resident_preference`, or with "auto" the count
     that minimises `estimate_step_s` among those whose ledger fits, with the GPU's under
-    (1 - gpu_margin)."""
+    `ledger.gpu_budget` (the closed-form rule `slide_ir.placement` seeds its search with)."""
     if config.schedule != "sliding":
         return ()
     candidates = [u for u in resident_preference(model) if u not in resident]
@@ -54,7 +55,7 @@ def choose_streamed(
     if config.optimizer != "cpu" or config.grad_accum != 1:
         return ()
     cost = CostModel(machine, cpu_threads=config.cpu_threads)
-    budget = (1.0 - config.gpu_margin) * machine.gpu.memory_bytes
+    budget = gpu_budget(machine, config)
     estimates = {0: estimate_step_s(model, config, cost, candidates, ())}
     for count in range(1, len(candidates) + 1):
         chosen = tuple(candidates[:count])

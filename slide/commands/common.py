@@ -12,8 +12,10 @@ from slide_ir.config import (
     CLIP_MODES,
     MOMENT_DTYPES,
     OPTIMIZER_PLACES,
+    PLACEMENTS,
     SCHEDULES,
     TrainConfig,
+    parse_cache_units,
     parse_count_or_auto,
 )
 from slide_ir.hardware import Machine, load_machine
@@ -52,17 +54,30 @@ def add_machine_overrides(parser: argparse.ArgumentParser) -> None:
 
 def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> None:
     if batch:
-        parser.add_argument("--batch", type=int, default=16, help="micro-batch size [16]")
-    parser.add_argument("--seq", type=int, default=1024, help="sequence length [1024]")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps to plan [3]")
+        parser.add_argument("--batch", type=int, default=16, help="micro-batch size [%(default)s]")
+    parser.add_argument("--seq", type=int, default=1024, help="sequence length [%(default)s]")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps [%(default)s]")
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step [1]")
     parser.add_argument("--schedule", choices=SCHEDULES, default="sliding")
+    parser.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="fast",
+        help="how the 'auto' choices below are made: fast = the shortest predicted step that "
+        "fits (resident, streamed and sliding units, where the layer inputs live and the cache "
+        "depth, searched together); small = the smallest footprint (everything sliding, inputs "
+        "on the host, 3 cache units) [fast]",
+    )
+    parser.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        help="use at most this much GPU memory (GB; for a shared GPU or a second job) [all of it]",
+    )
     parser.add_argument(
         "--activations",
         choices=ACTIVATION_CHOICES,
         default="auto",
-        help="where checkpointed layer inputs live; auto: on the GPU when streamed updates need "
-        "the link, else on the CPU [auto]",
+        help="where checkpointed layer inputs live; auto: chosen by --placement [auto]",
     )
     parser.add_argument(
         "--optimizer",
@@ -73,16 +88,22 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
     parser.add_argument(
         "--moments", choices=MOMENT_DTYPES, default="fp32", help="Adam moment precision [fp32]"
     )
-    parser.add_argument("--cache-units", type=int, default=3, help="GPU cache units [3]")
     parser.add_argument(
-        "--resident", default="0", help="units kept whole on the GPU: a count or 'auto' [0]"
+        "--cache-units",
+        default="auto",
+        help="GPU cache units for sliding layers (>= 2) or 'auto' (chosen by --placement) [auto]",
+    )
+    parser.add_argument(
+        "--resident",
+        default="auto",
+        help="units kept whole on the GPU (state and update there): a count or 'auto' (chosen "
+        "by --placement) [auto]",
     )
     parser.add_argument(
         "--streamed",
         default="auto",
         help="sliding units updated on the GPU, their FP32 state streamed over the link: a "
-        "count or 'auto' (as many as shorten the estimated step; relieves a CPU-bound "
-        "optimizer) [auto]",
+        "count or 'auto' (chosen by --placement) [auto]",
     )
     parser.add_argument("--cpu-threads", type=int, help="optimizer threads [all cores]")
     parser.add_argument("--clip", choices=CLIP_MODES, default="none",
@@ -141,10 +162,12 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "activations": args.activations,
         "optimizer": args.optimizer,
         "moments_dtype": args.moments,
-        "cache_units": args.cache_units,
+        "cache_units": parse_cache_units(args.cache_units),
         "resident": parse_count_or_auto("resident", args.resident),
         "streamed": parse_count_or_auto("streamed", args.streamed),
         "cpu_threads": args.cpu_threads,
+        "placement": args.placement,
+        "gpu_memory_gb": args.gpu_memory_gb,
         "clip": args.clip,
         "clip_norm": args.clip_norm,
     }

@@ -16,6 +16,7 @@ from slide.commands.common import add_model_machine, add_train_config, load_inpu
 
 NAME = "critical-batch"
 HELP = "smallest batch at which the CPU update hides behind the GPU backward (eta >= 1)"
+PLACEMENT_NOTE = {"small": ": every unit sliding; --placement fast for the default placement"}
 POINT_KEYS = ("batch", "feasible", "eta", "gpu_bwd_util", "tokens_per_s", "step_time_s")
 
 
@@ -32,7 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ratio: where is the crossover, whatever the GPU holds)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(batch=1)  # searched; train_config needs a starting value
+    # searched; train_config needs a starting value. The question is the sliding pipeline's
+    # (SlideFormer's critical batch): with the fastest placement a small batch fits whole on a
+    # large GPU and there is nothing to hide, so the sliding placement is the default here
+    parser.set_defaults(batch=1, placement="small")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         "machine": machine.name,
         "seq": args.seq,
         "schedule": args.schedule,
+        "placement": args.placement,
         "critical_batch": found.critical_batch,
         "critical_batch_util97": found.critical_batch_util97,
         "max_feasible_batch": found.max_feasible_batch,
@@ -61,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{model.name} on {machine.name}, seq {args.seq} ({args.schedule})")
+    print(f"{model.name} on {machine.name}, seq {args.seq} ({args.schedule}, placement "
+          f"{args.placement}{PLACEMENT_NOTE.get(args.placement, '')})")  # fmt: skip
     print(f"critical batch (eta >= 1):              {_fmt(found.critical_batch, found)}")
     print(f"critical batch (GPU backward >= 97%):   {_fmt(found.critical_batch_util97, found)}")
     print(f"largest batch that fits:                {found.max_feasible_batch}")

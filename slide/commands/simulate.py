@@ -12,7 +12,7 @@ import json
 from simulator.run import SimResult, simulate_plan
 from slide.commands.common import add_model_machine, add_train_config, load_inputs, train_config
 from slide.fileio import write_atomic
-from slide.report import render_plan
+from slide.report import render_placement, render_plan
 from slide_ir.trace import to_chrome_trace
 
 NAME = "simulate"
@@ -94,6 +94,7 @@ def render_result(result: SimResult) -> str:
     return "\n".join(
         [
             f"{s['model']} on {s['machine']} ({s['schedule']}): batch {s['batch']} x seq {s['seq']}",
+            *render_placement(result.plan),
             f"step time      {s['step_time_s']:.3f} s (first step {s['first_step_s']:.3f} s)",
             f"throughput     {s['tokens_per_s']:,.0f} tokens/s, {s['tflops']:.1f} TFLOP/s model "
             f"({s['tflops_6n']:.1f} at 6N, {s['tflops_8n']:.1f} at 8N)",

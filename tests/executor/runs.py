@@ -95,7 +95,11 @@ def run_executor(
     **config: object,
 ) -> TrainResult:
     """The executor in CPU mode on the same model, data and optimizer (`drives`: NVMe drives,
-    files in a temporary directory; `first_batch`: skip that many micro-batches of the data)."""
+    files in a temporary directory; `first_batch`: skip that many micro-batches of the data).
+    Placements are `small` (pure sliding) unless the case pins otherwise: a case names the
+    placement it tests, and the fastest-placement search would move the tiny model whole onto
+    the "GPU"."""
+    config = {"placement": "small", **config}
     cfg = model_config(tied)
     grad_accum = int(config.get("grad_accum", 1))  # type: ignore[call-overload]
     kwargs = {
@@ -116,6 +120,7 @@ def run_executor(
 
 def graph_of(tied: bool, drives: int = 0, steps: int = STEPS, **config: object) -> Graph:
     """The graph `run_executor` runs with these arguments (one repetition: steps <= 64)."""
+    config = {"placement": "small", **config}
     train_config = TrainConfig(batch=B, seq=S, steps=steps, **config)  # type: ignore[arg-type]
     return plan(spec_of(model_config(tied)), load_machine(MACHINE, nvme=drives), train_config).graph
 

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.gpu
 
 B, S, STEPS, LR = 4, 128, 10, 1e-3
 DEVICE = "cuda"
+PINNED = {"placement": "small"}  # each case's placement as named (the search would pick its own)
 CONFIG = tiny_config(
     "llama",
     hidden_size=256,
@@ -50,7 +51,7 @@ def _ours(config: dict, on_step=None):  # type: ignore[no-untyped-def]
     return train(
         spec_of(CONFIG),
         load_machine("h200-16c-128g"),
-        TrainConfig(batch=B, seq=S, steps=STEPS, **config),
+        TrainConfig(batch=B, seq=S, steps=STEPS, **{**PINNED, **config}),
         initial_state=state_dict_fp32(hf_model(CONFIG)),
         batches=_batches(STEPS * config.get("grad_accum", 1)),
         optim=AdamWConfig(lr=LR),
@@ -118,7 +119,7 @@ def test_repeated_graph_and_saves_on_cuda(monkeypatch, config: dict) -> None:
     repeated = train(
         spec_of(CONFIG),
         load_machine("h200-16c-128g"),
-        TrainConfig(batch=B, seq=S, steps=STEPS, **config),
+        TrainConfig(batch=B, seq=S, steps=STEPS, **{**PINNED, **config}),
         initial_state=state_dict_fp32(hf_model(CONFIG)),
         batches=_batches(STEPS),
         optim=AdamWConfig(lr=LR),
@@ -134,7 +135,7 @@ def test_repeated_graph_and_saves_on_cuda(monkeypatch, config: dict) -> None:
     four = train(
         spec_of(CONFIG),
         load_machine("h200-16c-128g"),
-        TrainConfig(batch=B, seq=S, steps=4, **config),
+        TrainConfig(batch=B, seq=S, steps=4, **{**PINNED, **config}),
         initial_state=state_dict_fp32(hf_model(CONFIG)),
         batches=_batches(4),
         optim=AdamWConfig(lr=LR),
@@ -154,7 +155,7 @@ def test_cuda_trace_obeys_its_graph(config: dict) -> None:
     graph = plan(
         spec_of(CONFIG),
         load_machine("h200-16c-128g"),
-        TrainConfig(batch=B, seq=S, steps=STEPS, **config),
+        TrainConfig(batch=B, seq=S, steps=STEPS, **{**PINNED, **config}),
     ).graph
     result = _ours(config)
     assert result.trace.spans

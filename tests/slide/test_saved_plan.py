@@ -12,7 +12,8 @@ from slide_ir.planner import plan_from_json
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     path = tmp_path_factory.mktemp("plan") / "p.json"
-    argv = ["plan", "--model", "qwen2.5-0.5b", "--batch", "2", "--seq", "128", "--steps", "1"]
+    argv = ["plan", "--model", "qwen2.5-0.5b", "--batch", "2", "--seq", "128", "--steps", "1",
+            "--placement", "small"]  # fmt: skip
     assert main([*argv, "--out", str(path), "--json"]) == 0
     return json.loads(path.read_text())
 

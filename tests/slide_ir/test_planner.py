@@ -9,7 +9,7 @@ from slide_ir.graph import OpKind, Tier
 from slide_ir.hardware import load_machine
 from slide_ir.ledger import build_ledger
 from slide_ir.model import load_model
-from slide_ir.planner import choose_resident, plan, plan_from_json, plan_to_json
+from slide_ir.planner import plan, plan_from_json, plan_to_json
 from slide_ir.printing import format_graph, parse_graph
 
 GB = 1e9
@@ -26,7 +26,7 @@ def pc():
 
 
 def test_sliding_cpu_ram_holds_master_and_moments(llama8b, pc):
-    p = plan(llama8b, pc, TrainConfig(batch=16, seq=1024, streamed=0))
+    p = plan(llama8b, pc, TrainConfig(batch=16, seq=1024, placement="small"))
     n_all = llama8b.total_params
     breakdown = p.ledger.breakdown("cpu")
     assert breakdown["fp32 master weights"] == 4 * n_all
@@ -55,7 +55,7 @@ def test_gpu_units_scale_with_cache_units(llama8b, pc):
 
 def test_sliding_graph_shape(llama8b, pc):
     n = llama8b.num_layers
-    g = plan(llama8b, pc, TrainConfig(batch=2, seq=256, steps=2, streamed=0)).graph
+    g = plan(llama8b, pc, TrainConfig(batch=2, seq=256, steps=2, placement="small")).graph
     kinds = [op.kind for op in g.ops]
     assert kinds.count(OpKind.ADAM) == 2 * (n + 2)  # every unit, every step
     assert kinds.count(OpKind.D2H_GRAD) == 2 * (n + 2)
@@ -110,7 +110,8 @@ def test_variants_build_valid_graphs(overrides):
 def test_nvme_optimizer_stripes_over_drives():
     model = load_model("qwen2.5-0.5b")
     machine = load_machine("paper-pc-4090", nvme=2)
-    p = plan(model, machine, TrainConfig(batch=1, seq=64, steps=1, optimizer="nvme"))
+    config = TrainConfig(batch=1, seq=64, steps=1, optimizer="nvme", resident=0)
+    p = plan(model, machine, config)
     lanes = p.graph.ops_per_lane()
     assert lanes["nvme0"] == lanes["nvme1"] > 0
     read = p.graph.op("s1.L3.opt.read1")
@@ -124,26 +125,16 @@ def test_nvme_without_drives_is_refused(llama8b):
         plan(llama8b, machine, TrainConfig(batch=1, seq=64, optimizer="nvme"))
 
 
-def test_resident_auto_fills_a_big_gpu():
-    model, h200 = load_model("qwen2.5-14b"), load_machine("h200-16c-128g")
-    config = TrainConfig(batch=4, seq=1024, resident="auto", activations="cpu")
-    resident = choose_resident(model, h200, config)
-    assert resident[:3] == (0, 1, 2)  # the embedding first, then layers 1, 2, ...
-    assert 2 < len(resident) < model.num_layers
-    budget = 0.95 * h200.gpu.memory_bytes
-    assert build_ledger(model, h200, config, resident).peak_bytes("gpu") <= budget
-    one_more = (*resident, len(resident))
-    assert build_ledger(model, h200, config, one_more).peak_bytes("gpu") > budget
-    kinds = [op.kind for op in plan(model, h200, config).graph.ops]
-    assert kinds.count(OpKind.GPU_ADAM) == 3 * len(resident)
-    assert kinds.count(OpKind.ADAM) == 3 * (model.num_layers + 2 - len(resident))
-
-
-def test_resident_auto_keeps_a_small_model_whole(llama8b):
-    """16 B/param x 8.03e9 fits a 141 GB H200 with room for activations: nothing slides."""
-    h200 = load_machine("h200-16c-128g")
-    config = TrainConfig(batch=4, seq=1024, resident="auto", activations="cpu")
-    assert len(choose_resident(llama8b, h200, config)) == llama8b.num_layers + 2
+def test_resident_units_update_on_the_gpu_and_the_rest_on_the_host():
+    model, h200 = load_model("qwen2.5-14b"), load_machine("h200-16c-128g", ram_gb=400)
+    config = TrainConfig(batch=4, seq=1024, resident=12, activations="cpu", streamed=0)
+    p = plan(model, h200, config)
+    assert p.ledger.resident == tuple(range(12))  # the embedding first, then layers 1, 2, ...
+    kinds = [op.kind for op in p.graph.ops]
+    assert kinds.count(OpKind.GPU_ADAM) == 3 * 12
+    assert kinds.count(OpKind.ADAM) == 3 * (model.num_layers + 2 - 12)
+    resident = p.ledger.breakdown("gpu")["resident layers (weights, grads, master, moments)"]
+    assert resident == 16 * (model.embedding_params + 11 * model.layer_params)
 
 
 def test_saved_plan_reloads_equal(llama8b, pc):
@@ -207,9 +198,9 @@ def test_state_kept_on_the_gpu_is_counted_on_the_host_when_handed_back(llama8b):
     """A finished run copies GPU-kept FP32 master weights and moments to host RAM for the caller
     (12 B/param with FP32 moments); state already in host RAM is handed over without a copy."""
     h200 = load_machine("h200-16c-128g")
-    resident = plan(llama8b, h200, TrainConfig(batch=8, seq=1024, resident="auto"))
-    assert len(resident.ledger.resident) == llama8b.num_layers + 2
-    handback = resident.ledger.breakdown("cpu")[
+    whole = plan(llama8b, h200, TrainConfig(batch=8, seq=1024, resident=34, activations="cpu"))
+    assert len(whole.ledger.resident) == llama8b.num_layers + 2
+    handback = whole.ledger.breakdown("cpu")[
         "final state handed back (fp32 master + moments of GPU-kept units)"
     ]
     assert handback == 12 * llama8b.total_params
@@ -217,5 +208,5 @@ def test_state_kept_on_the_gpu_is_counted_on_the_host_when_handed_back(llama8b):
     two = build_ledger(llama8b, h200, bf16, resident=(0, 1))
     held = two.breakdown("cpu")["final state handed back (fp32 master + moments of GPU-kept units)"]
     assert held == 8 * (llama8b.embedding_params + llama8b.layer_params)
-    sliding = plan(llama8b, h200, TrainConfig(batch=8, seq=1024, streamed=4))
+    sliding = plan(llama8b, h200, TrainConfig(batch=8, seq=1024, resident=0, streamed=4))
     assert not any("handed back" in label for label in sliding.ledger.breakdown("cpu"))

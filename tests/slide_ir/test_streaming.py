@@ -35,7 +35,7 @@ def test_streamed_units_move_state_to_pinned_ram_and_add_gpu_staging(h200):
 
 def test_streamed_graph_updates_on_the_gpu_with_state_round_trips(h200):
     model = load_model("llama-3.2-3b")
-    p = plan(model, h200, TrainConfig(batch=8, seq=1024, steps=2, streamed=3))
+    p = plan(model, h200, TrainConfig(batch=8, seq=1024, steps=2, streamed=3, resident=0))
     assert p.ledger.streamed == (0, 1, 2)
     kinds = [op.kind for op in p.graph.ops]
     assert kinds.count(OpKind.OPT_H2D) == kinds.count(OpKind.OPT_D2H) == 2 * 3
@@ -57,7 +57,9 @@ def test_state_uploads_are_spread_over_the_backward(h200, activations):
     """The embedding's state goes up at the loss; the layers' start while host-updated layers
     are still in backward, and each is queued before its own unit's recompute."""
     model = load_model("llama-3.2-3b")
-    config = TrainConfig(batch=16, seq=1024, steps=2, streamed=14, activations=activations)
+    config = TrainConfig(
+        batch=16, seq=1024, steps=2, streamed=14, activations=activations, resident=0
+    )
     p = plan(model, h200, config)
     ids = [op.id for op in p.graph.ops]
     h2d = _lane(p, "h2d")
@@ -74,7 +76,7 @@ def test_state_downloads_spill_into_the_next_forward_only_with_inputs_on_the_gpu
     many as the next forward and loss can carry, by the plan's estimate); with the inputs on
     the host each state follows its unit's weights."""
     model = load_model("llama-3.2-3b")
-    config = TrainConfig(batch=16, seq=1024, steps=2, streamed=14, activations="gpu")
+    config = TrainConfig(batch=16, seq=1024, steps=2, streamed=14, activations="gpu", resident=0)
     p = plan(model, h200, config)
     d2h = _lane(p, "d2h")
     after = d2h[d2h.index("s1.L0.w.d2h") + 1 : d2h.index("s2.L28.g.d2h")]
@@ -84,7 +86,7 @@ def test_state_downloads_spill_into_the_next_forward_only_with_inputs_on_the_gpu
     state = 12 * model.layer_params
     budget = 13 * 0.01 + 0.1  # seconds: generous bounds on forward + loss at this shape
     assert (len(spilled) - 1) * state <= budget * h200.link.duplex_bytes_per_s
-    config = TrainConfig(batch=16, seq=1024, steps=2, streamed=14, activations="cpu")
+    config = TrainConfig(batch=16, seq=1024, steps=2, streamed=14, activations="cpu", resident=0)
     host = plan(model, h200, config)
     d2h = _lane(host, "d2h")
     for unit in range(14):
@@ -140,22 +142,3 @@ def test_auto_does_not_stream_for_a_small_estimated_gain():
     config = TrainConfig(batch=16, seq=1024, streamed="auto", activations="cpu")
     assert choose_streamed(model, pc, config, ()) == ()
     assert plan(model, pc, TrainConfig(batch=16, seq=1024, streamed=2, activations="cpu")).feasible
-
-
-def test_auto_activations_stay_on_the_gpu_only_when_updates_stream(h200):
-    """`activations="auto"` (the default): the layer inputs stay on the GPU where the plan
-    streams updates (the state needs the link), on the host otherwise."""
-    model = load_model("llama-3.2-3b")
-    p = plan(model, h200, TrainConfig(batch=16, seq=1024))
-    assert p.config.activations == "gpu" and p.ledger.streamed
-    assert not any(op.kind == OpKind.ACT_SAVE for op in p.graph.ops)
-    pure = plan(model, h200, TrainConfig(batch=16, seq=1024, streamed=0))
-    assert pure.config.activations == "cpu"
-    pc = plan(
-        load_model("llama-3.1-8b"), load_machine("paper-pc-4090"), TrainConfig(batch=16, seq=1024)
-    )
-    assert pc.config.activations == "cpu" and not pc.ledger.streamed
-    kept = plan(model, h200, TrainConfig(batch=16, seq=1024, activations="cpu"))
-    assert kept.config.activations == "cpu" and kept.ledger.streamed
-    with pytest.raises(ValueError, match="activations='auto' is chosen by the planner"):
-        build_ledger(model, h200, TrainConfig(batch=16, seq=1024))
