@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from executor.layout import UnitLayout
+from executor.nvme_io import aligned_empty
 from slide_ir.graph import Graph, Pool, Tier
 from slide_ir.model import ModelSpec
 
@@ -27,6 +28,8 @@ log = logging.getLogger("executor.buffers")
 
 # not buffers of the run: the runtime, workspaces torch allocates, the final state's host copy
 NOT_ALLOCATED = ("gpu_context", "host_runtime", "gpu_workspace", "gpu_lce", "host_handback")
+# host pools the NVMe lanes read and write with O_DIRECT: allocated 4096-byte aligned
+NVME_STAGING = ("opt_staging_", "pinned_act_staging")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,6 +92,10 @@ class Setup:
     opt_on_nvme: tuple[str, ...] = ()  # which of "master", "moments" live on NVMe
 
 
+def _host_empty(numel: int, dtype: torch.dtype, aligned: bool) -> torch.Tensor:
+    return aligned_empty(numel, dtype) if aligned else torch.empty(numel, dtype=dtype)
+
+
 class HostMemory:
     """Host allocations. Pinned ones are ordinary allocations registered with CUDA
     (cudaHostRegister) at their exact size: torch's pinned allocator rounds every block up to a
@@ -98,11 +105,12 @@ class HostMemory:
         self.pin, self.register = pin, True
         self.registered: list[torch.Tensor] = []
 
-    def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def empty(self, numel: int, dtype: torch.dtype, aligned: bool = False) -> torch.Tensor:
+        """`aligned`: the first byte on a 4096-byte boundary, for O_DIRECT (see `nvme_io`)."""
         if not (self.pin and numel):
-            return torch.empty(numel, dtype=dtype)
+            return _host_empty(numel, dtype, aligned)
         if self.register:
-            t = torch.empty(numel, dtype=dtype)
+            t = _host_empty(numel, dtype, aligned)
             err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), numel * dtype.itemsize, 0))
             if not err:
                 self.registered.append(t)
@@ -168,9 +176,10 @@ class _Allocator:
         self.s, self.out = s, out
 
     def host(self, pool: Pool, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        if pool.tier == Tier.PINNED:
-            return self.out.host.empty(numel, dtype)
-        return torch.empty(numel, dtype=dtype)
+        aligned = pool.name.startswith(NVME_STAGING)
+        if pool.tier == Tier.PINNED:  # torch's pinned fallback is page-aligned already
+            return self.out.host.empty(numel, dtype, aligned)
+        return _host_empty(numel, dtype, aligned)
 
     def put(self, pool: Pool, key: str, item: object, nbytes: int) -> None:
         self.out.items[key] = item

@@ -64,7 +64,6 @@ class Env:
     loss_host: torch.Tensor  # (steps,) fp32 host (pinned on CUDA): copied at the last micro-batch
     step_t: torch.Tensor  # device step counter for the fused device AdamW
     abort: threading.Event
-    wait_timeout_s: float
     act_bytes: int  # bytes of one saved activation (B x S x H at the compute dtype)
     moments_bf16: bool = False
     clip_norm: float | None = None  # per-unit gradient clipping, from the plan's TrainConfig

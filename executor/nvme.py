@@ -3,9 +3,10 @@
 Drive k's file is `nvme{k}.bin` in directory k mod (number of directories): give one directory
 per physical drive (`--nvme-dir` repeated) to spread the files, or one for all of them.
 
-I/O is os.pread / os.pwrite on the tensors' bytes (they release the GIL), through the page
-cache. kvikio (GPUDirect Storage) is not wired in yet: it is installed neither here nor on the
-device machine, and an untested path would be worse than none. Layout of drive k's file:
+I/O bypasses the page cache: O_DIRECT files (`nvme_io`: aligned regions and buffers, short
+transfers resumed, a buffered fallback that drops its pages where O_DIRECT is refused), or
+kvikio's CuFile (`nvme_kvikio`, on CUDA where it imports; untested here). Both release the GIL.
+Layout of drive k's file (each region ALIGN-aligned, padded):
 
     [ optimizer stripe k of every NVMe-homed unit | saved-activation slots ]
 
@@ -16,19 +17,33 @@ of one stripe needs only its own staging buffer.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
+from executor import nvme_io, nvme_kvikio
 from executor.adam import Part
 from executor.buffers import OptState, stripe_numel
+from executor.nvme_io import align_up
 
 log = logging.getLogger("executor.nvme")
 NvmeDirs = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
+class DriveFile(Protocol):
+    """One drive's file: `nvme_io.DirectFile`, `nvme_io.BufferedFile`, `nvme_kvikio.KvikioFile`."""
+
+    direct: bool
+
+    def read(self, offset: int, t: torch.Tensor) -> None: ...
+    def write(self, offset: int, t: torch.Tensor) -> None: ...
+    def close(self) -> None: ...
 
 
 def drive_paths(directories: NvmeDirs, drives: int) -> list[Path]:
@@ -76,44 +91,96 @@ class StripeFormat:
         return Part(lo=lo, hi=hi, state=OptState(master=stripe_master, m=m, v=v))
 
 
-def _as_bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.view(torch.uint8).numpy())
-
-
 class NvmeStore:
-    """The drive files. Offsets are fixed at construction; reads and writes are whole regions."""
+    """The drive files. Offsets are fixed at construction; reads and writes are whole regions.
 
-    def __init__(self, directories: NvmeDirs, drives: int, sizes: dict[int, int]) -> None:
+    Layout of every drive's file, each region starting ALIGN-aligned (padded in the file):
+    unit u's optimizer stripe at `offset[u]`, then activation slot j at `act_offset(j)`.
+    Construction checks free space, creates the files (refusing to reuse existing ones) and
+    reserves what they will hold; `close` removes them, and so does a failed construction.
+    """
+
+    def __init__(
+        self,
+        directories: NvmeDirs,
+        drives: int,
+        sizes: Mapping[int, int],
+        *,
+        act_slots: Mapping[int, Iterable[int]] | None = None,
+        act_bytes: int = 0,
+        backend: str = "direct",
+    ) -> None:
         self.paths = drive_paths(directories, drives)
-        for path in self.paths:
-            path.parent.mkdir(parents=True, exist_ok=True)
         self.offset: dict[int, int] = {}  # unit -> offset of its stripes on every drive
         end = 0
         for unit, nbytes in sorted(sizes.items()):
-            self.offset[unit], end = end, end + nbytes
-        self.act_base = end
-        self.fds = [os.open(p, os.O_RDWR | os.O_CREAT, 0o600) for p in self.paths]
-        log.info("nvme: drive files %s", ", ".join(map(str, self.paths)))
+            self.offset[unit], end = end, end + align_up(nbytes)
+        self.act_base, self.act_bytes, self.act_stride = end, act_bytes, align_up(act_bytes)
+        self.extents = [self._extents(k, (act_slots or {}).get(k, ())) for k in range(drives)]
+        self.files: list[DriveFile] = []
+        self.created: list[Path] = []
+        self.backend = backend
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        kind = backend if backend == "kvikio" else ("O_DIRECT" if self.direct else "buffered")
+        log.info("nvme: drive files %s (%s)", ", ".join(map(str, self.paths)), kind)
+
+    def _extents(self, drive: int, slots: Iterable[int]) -> list[tuple[int, int]]:
+        """(offset, bytes) of what drive `drive`'s file holds: all stripes, its act slots."""
+        out = [(0, self.act_base)] if self.act_base else []
+        return out + [(self.act_offset(j, self.act_bytes), self.act_stride) for j in set(slots)]
+
+    def _open(self) -> None:
+        for path in self.paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        needs: dict[Path, int] = {}
+        for path, extents in zip(self.paths, self.extents, strict=True):
+            needs[path.parent] = needs.get(path.parent, 0) + sum(n for _, n in extents)
+        nvme_io.check_space(needs)
+        refused: dict[Path, str] = {}
+        for path, extents in zip(self.paths, self.extents, strict=True):
+            nvme_io.create(path, extents)
+            self.created.append(path)
+            if self.backend == "kvikio":
+                self.files.append(nvme_kvikio.KvikioFile(path))
+            else:
+                self.files.append(nvme_io.open_drive(path, refused))
+
+    @property
+    def direct(self) -> bool:
+        """Whether every file bypasses the page cache with O_DIRECT (or kvikio's direct I/O)."""
+        return all(f.direct for f in self.files)
 
     def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        """Close and remove the files (their state was read back, or the run failed)."""
+        for f in self.files:
+            f.close()
+        self.files = []
+        nvme_io.remove_created(self.created)
+        self.created = []
 
     def write(self, drive: int, offset: int, t: torch.Tensor) -> None:
-        data = _as_bytes(t)
-        done = 0
-        while done < len(data):
-            done += os.pwrite(self.fds[drive], data[done:], offset + done)
+        try:
+            self.files[drive].write(offset, t)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise nvme_io.NvmeSpaceError(
+                    f"--nvme-dir {self.paths[drive].parent}: no space left writing "
+                    f"{t.nbytes} bytes at offset {offset} of {self.paths[drive].name}"
+                ) from exc
+            raise
 
     def read(self, drive: int, offset: int, t: torch.Tensor) -> None:
-        data = _as_bytes(t)
-        done = 0
-        while done < len(data):
-            got = os.preadv(self.fds[drive], [data[done:]], offset + done)
-            if got == 0:
-                raise OSError(f"{self.paths[drive]}: short read at offset {offset + done}")
-            done += got
+        self.files[drive].read(offset, t)
 
     def act_offset(self, slot_index: int, slot_bytes: int) -> int:
-        return self.act_base + slot_index * slot_bytes
+        assert slot_bytes == self.act_bytes, (slot_bytes, self.act_bytes)
+        return self.act_base + slot_index * self.act_stride
+
+
+def backend_for(cuda: bool) -> str:
+    """kvikio where the run is on CUDA and kvikio imports; our O_DIRECT files elsewhere."""
+    return "kvikio" if nvme_kvikio.available(cuda) else "direct"

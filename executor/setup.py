@@ -23,8 +23,8 @@ from executor.binding import bind_graph
 from executor.buffers import Buffers, Placement, Setup, allocate, stripe_bytes
 from executor.env import Env, Tokens
 from executor.layout import unit_layouts
-from executor.nvme import NvmeDirs, NvmeStore, StripeFormat
-from slide_ir.graph import Tier
+from executor.nvme import NvmeDirs, NvmeStore, StripeFormat, backend_for
+from slide_ir.graph import Graph, OpKind, Tier, slot_pool
 from slide_ir.ledger import lce_chunk_tokens, resident_preference
 from slide_ir.planner import Plan
 from slide_ir.trace import MemorySample
@@ -118,7 +118,9 @@ def placement_of(p: Plan) -> Placement:
     )
 
 
-def _nvme(p: Plan, s: Setup, directories: NvmeDirs) -> tuple[NvmeStore | None, StripeFormat | None]:
+def _nvme(
+    p: Plan, s: Setup, directories: NvmeDirs, act_bytes: int, cuda: bool
+) -> tuple[NvmeStore | None, StripeFormat | None]:
     c = p.config
     if c.optimizer == "cpu" and c.activations != "nvme":
         return None, None
@@ -129,7 +131,28 @@ def _nvme(p: Plan, s: Setup, directories: NvmeDirs) -> tuple[NvmeStore | None, S
     sizes = {}
     if c.optimizer != "cpu":
         sizes = {u: stripe_bytes(s, s.layouts[u].numel) for u in s.placement.host_updated}
-    return NvmeStore(directories, drives, sizes), fmt
+    store = NvmeStore(
+        directories,
+        drives,
+        sizes,
+        act_slots=_act_slots(p.graph),
+        act_bytes=act_bytes,
+        backend=backend_for(cuda),
+    )
+    return store, fmt
+
+
+def _act_slots(graph: Graph) -> dict[int, set[int]]:
+    """drive -> the NVMe activation slots its file holds (those written on its lane)."""
+    out: dict[int, set[int]] = {}
+    for op in graph.ops:
+        if op.kind != OpKind.NVME_WRITE:
+            continue
+        drive = int(op.lane.removeprefix("nvme"))
+        for slot in op.acquires:
+            if slot_pool(slot) == "nvme_acts":
+                out.setdefault(drive, set()).add(int(slot.rpartition(".")[2]))
+    return out
 
 
 def _setup(p: Plan, device: torch.device, dtype: torch.dtype) -> Setup:
@@ -164,8 +187,9 @@ def build(
     s = _setup(p, device, dtype)
     state.check_names(s.layouts, initial_state, p.model.tied_embeddings)
     buffers: Buffers = allocate(p.graph, s)
-    store, fmt = _nvme(p, s, nvme_dir)
     c = p.config
+    act_bytes = c.batch * c.seq * p.model.hidden_size * dtype.itemsize
+    store, fmt = _nvme(p, s, nvme_dir, act_bytes, device.type == "cuda")
     env = Env(
         spec=p.model,
         layouts=s.layouts,
@@ -188,12 +212,16 @@ def build(
         loss_host=torch.zeros(c.steps, dtype=torch.float32, pin_memory=s.pin),
         step_t=torch.zeros((), dtype=torch.float32, device=device),
         abort=threading.Event(),
-        wait_timeout_s=knobs_mod.from_env().wait_timeout_s,
-        act_bytes=c.batch * c.seq * p.model.hidden_size * dtype.itemsize,
+        act_bytes=act_bytes,
         moments_bf16=s.moments_dtype == torch.bfloat16,
         clip_norm=c.clip_norm if c.clip == "per-unit" else None,
         nvme=store,
         stripes=fmt,
     )
-    state.load(env, initial_state, initial_optim_state)
+    try:
+        state.load(env, initial_state, initial_optim_state)
+    except BaseException:
+        if store is not None:  # no Run to close yet: remove the NVMe files here
+            store.close()
+        raise
     return Run(plan=p, env=env, setup=s)

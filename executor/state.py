@@ -17,6 +17,7 @@ from executor.adam import Part
 from executor.buffers import OptState
 from executor.env import Env
 from executor.layout import UnitLayout
+from executor.nvme_io import aligned_empty
 
 EXP_AVG, EXP_AVG_SQ = ".exp_avg", ".exp_avg_sq"
 
@@ -115,7 +116,7 @@ def _stripe_parts(env: Env, unit: int) -> list[tuple[torch.Tensor, Part]]:
     numel, out = env.layouts[unit].numel, []
     master = env.buffers.items.get(f"master.{unit}")
     for k in range(env.stripes.drives):
-        buf = torch.empty(env.stripes.stripe_bytes(numel), dtype=torch.uint8)
+        buf = aligned_empty(env.stripes.stripe_bytes(numel), torch.uint8)  # O_DIRECT's DMA
         out.append((buf, env.stripes.part(buf, numel, k, master)))  # type: ignore[arg-type]
     return out
 

@@ -22,9 +22,20 @@ def test_drive_k_goes_to_directory_k_mod_n(tmp_path: Path) -> None:
 
 def test_a_run_over_two_directories_equals_one_in_a_temporary_directory(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
-    config = {"optimizer": "nvme", "drives": 3, "steps": 2}
-    spread = run_executor(False, train_kwargs={"nvme_dir": [a, str(b)]}, **config)
-    assert sorted(p.name for p in a.iterdir()) == ["nvme0.bin", "nvme2.bin"]
-    assert sorted(p.name for p in b.iterdir()) == ["nvme1.bin"]
-    assert all(p.stat().st_size > 0 for p in (*a.iterdir(), *b.iterdir()))
+    # every unit sliding, so the state really lives in the files
+    config = {"optimizer": "nvme", "drives": 3, "steps": 2, "resident": 0, "streamed": 0}
+    seen = []  # the files of each directory, with their sizes, after each step
+
+    def look(*_: object) -> None:
+        seen.append(
+            {d.name: sorted((p.name, p.stat().st_size) for p in d.iterdir()) for d in (a, b)}
+        )
+
+    spread = run_executor(False, train_kwargs={"nvme_dir": [a, str(b)], "on_step": look}, **config)
+    assert len(seen) == 2
+    for files in seen:
+        assert [name for name, _ in files["a"]] == ["nvme0.bin", "nvme2.bin"]
+        assert [name for name, _ in files["b"]] == ["nvme1.bin"]
+        assert all(size > 0 for name, size in files["a"] + files["b"])
+    assert not list(a.iterdir()) and not list(b.iterdir())  # removed when the run ends
     assert_bitwise_equal(spread, run_executor(False, **config))
