@@ -1,10 +1,14 @@
 """AdamW: hyperparameters, the learning-rate schedule, and the update of one unit.
 
-Host units are updated by the `cpu` lane with torch's fused CPU AdamW (`torch._fused_adamw_`,
-vectorised, parallel over the intra-op threads, GIL released), in chunks of `CHUNK` elements:
-per chunk the gradient is upcast to FP32 (scratch), master and moments are updated, and the new
-master is cast into the pinned compute-dtype copy while the chunk is still in cache (the fused
-FP32 -> BF16 cast). Device units (resident, gpu-only) get the same fused op on the GPU.
+Host units are updated by the `cpu` lane with the single-pass kernel of `host_adam` (gradient,
+master and moments read once, master, moments and the pinned compute-dtype copy written once;
+vectorised, parallel over the intra-op threads, GIL released). Where that kernel cannot be
+built (logged once), `update_host_torch` does the same with torch's fused CPU AdamW
+(`torch._fused_adamw_`) in chunks of `CHUNK` elements: per chunk the gradient is upcast to FP32
+(scratch), master and moments are updated, and the new master is cast into the copy while the
+chunk is still in cache. The two agree bit for bit but for the last bit of v at the few
+elements torch's scalar tail handles. Device units (resident, gpu-only) get the fused op on the
+GPU.
 
 Semantics equal `torch.optim.AdamW`: decoupled weight decay (`p -= lr * wd * p`), bias
 correction with the optimizer step count, no decay for 1-D parameters (norms, biases).
@@ -18,11 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
+from executor import host_adam
 from executor.buffers import OptState
 from executor.layout import UnitLayout
 
 SCHEDULES = ("constant", "cosine", "linear")
 CHUNK = 1 << 20  # elements per fused step on the host: ~18 MB of working set, cache-sized
+WHOLE = 1 << 62  # the kernel's "chunk": one call per decay group x state part
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,9 +99,11 @@ def clip_coef(grad: torch.Tensor, max_norm: float | None) -> torch.Tensor | None
 
 
 class HostScratch:
-    """FP32 scratch of one chunk for the `cpu` lane (allocated once, lane-local)."""
+    """FP32 scratch of one chunk for the `cpu` lane (allocated once, lane-local). Made at set-up,
+    so it also builds or loads the host kernel there: the first step never pays the compile."""
 
     def __init__(self, bf16_moments: bool) -> None:
+        host_adam.kernel()
         self.grad = torch.empty(CHUNK)
         self.m = torch.empty(CHUNK) if bf16_moments else None
         self.v = torch.empty(CHUNK) if bf16_moments else None
@@ -160,6 +168,39 @@ def update_host(
 ) -> None:
     """AdamW on the host for one unit: `grad` (any float dtype) -> master/moments in `parts`,
     new weights cast into `out` (the compute-dtype copy the next upload reads)."""
+    if host_adam.kernel() is None:
+        update_host_torch(layout, grad, parts, out, hp, scratch)
+        return
+    coef = clip_coef(grad, hp.clip_norm)
+    scale = 1.0 if coef is None else float(coef)
+    c = hp.config
+    for lo, hi, decay, part in _pieces(layout, parts, WHOLE):
+        st, a, b = part.state, lo - part.lo, hi - part.lo
+        host_adam.adamw_(
+            grad[lo:hi],
+            st.master[a:b],
+            st.m[a:b],
+            st.v[a:b],
+            out[lo:hi],
+            step=hp.step,
+            lr=hp.lr,
+            betas=c.betas,
+            eps=c.eps,
+            weight_decay=c.weight_decay if decay else 0.0,
+            grad_scale=scale,
+        )
+
+
+def update_host_torch(
+    layout: UnitLayout,
+    grad: torch.Tensor,
+    parts: Sequence[Part],
+    out: torch.Tensor,
+    hp: StepHp,
+    scratch: HostScratch,
+) -> None:
+    """`update_host` with torch's fused AdamW over `CHUNK`-element chunks (the fallback, and the
+    baseline bench/host_adam.py times)."""
     scratch.step.fill_(float(hp.step))
     coef = clip_coef(grad, hp.clip_norm)
     for lo, hi, decay, part in _pieces(layout, parts, CHUNK):

@@ -1,0 +1,183 @@
+// Single-pass host AdamW for one contiguous range of a unit (executor/host_adam.py builds and
+// calls it). Per element: read the gradient (FP32/BF16/FP16), the FP32 master and the moments
+// (FP32 or BF16), write master, moments and the compute-dtype copy the next upload reads. Each
+// byte is touched once, so the op runs at the host's memory bandwidth (28 B/element with FP32
+// moments and a BF16 gradient and copy, 20 B with BF16 moments).
+//
+// The arithmetic is torch's fused CPU AdamW (aten/src/ATen/native/cpu/FusedAdamKernel.cpp,
+// ADAMW mode, vector body as GCC builds it) written out per element: coefficients in double,
+// cast to float once; m = fma(1 - beta1, g - m, m) (at::vec lerp); v = fma((1 - beta2) * g, g,
+// v * beta2) (GCC contracts torch's mul + add into this fma); p = p * (1 - lr * wd) +
+// (-step_size * m) / (sqrt(v) / sqrt(bc2) + eps). So it equals the previous path (upcast,
+// torch._fused_adamw_, cast) bit for bit except at the few elements torch runs through its
+// scalar tail, where v may differ in the last bit. -ffp-contract=off keeps the compiler from
+// fusing anything else. Conversions to BF16 round to nearest even (NaN stays NaN), as
+// Tensor.copy_ does.
+//
+// The loop is plain scalar C++ that GCC vectorises at -O3 for the ISA flags the loader passes
+// (AVX-512 or AVX2). Threads: one OpenMP region of at::get_num_threads() threads (what
+// torch.set_num_threads set for the calling thread), each on one contiguous block. The count is
+// passed explicitly rather than left to at::parallel_for because this library may bind a
+// different libgomp than torch's (PyPI wheels ship a renamed copy), whose default would be
+// every core.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Half.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;  // fewest elements per thread: 32 Ki x 28 B ~ 0.9 MB
+constexpr int64_t kAlign = 64;       // block length: threads share no cache line of a stream
+
+// f(lo, hi) over [0, n) in one contiguous block per thread.
+template <typename F>
+void parallel_blocks(int64_t n, const F& f) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (n + kGrain - 1) / kGrain);
+  if (threads <= 1 || at::in_parallel_region()) {
+    f(0, n);
+    return;
+  }
+  const int64_t block = ((n + threads - 1) / threads + kAlign - 1) / kAlign * kAlign;
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  {
+    const int64_t lo = omp_get_thread_num() * block;
+    if (lo < n) f(lo, std::min(n, lo + block));
+  }
+}
+
+struct Coefs {
+  float decay;      // 1 - lr * weight_decay (1 when not decaying: p * 1 is exact)
+  float scale;      // per-unit clip coefficient (1 when not clipping)
+  float w;          // lerp weight 1 - beta1
+  float beta2, c2;  // v = fma(c2 * g, g, v * beta2)
+  float bc2_sqrt, eps, neg_step_size;  // neg_step_size = -lr / (1 - beta1^step)
+};
+
+inline float load(float x) { return x; }
+inline float load(c10::Half x) { return static_cast<float>(x); }
+inline float load(c10::BFloat16 x) {
+  uint32_t u = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline void store(float* dst, float f) { *dst = f; }
+inline void store(c10::Half* dst, float f) { *dst = c10::Half(f); }
+inline void store(c10::BFloat16* dst, float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  dst->x = static_cast<uint16_t>(f != f ? 0x7FC0u : rounded);
+}
+
+// kLowWeight: w < 0.5, lerp as m + w * (g - m); else g + (w - 1) * (g - m) (as at::vec lerp).
+template <bool kLowWeight, typename G, typename M, typename O>
+void update_range(const G* __restrict g, float* __restrict p, M* __restrict m,
+                  M* __restrict v, O* __restrict out, int64_t n, Coefs c) {
+  const float wc = kLowWeight ? c.w : c.w - 1.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = load(g[i]) * c.scale;
+    const float pi = p[i] * c.decay;
+    const float mi0 = load(m[i]);
+    const float mi = std::fma(wc, gi - mi0, kLowWeight ? mi0 : gi);
+    const float vi = std::fma(c.c2 * gi, gi, load(v[i]) * c.beta2);
+    const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
+    const float pn = pi + c.neg_step_size * mi / denom;
+    p[i] = pn;
+    store(m + i, mi);
+    store(v + i, vi);
+    store(out + i, pn);
+  }
+}
+
+template <typename G, typename M, typename O>
+void run(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
+         const at::Tensor& v, const at::Tensor& out, const Coefs& c, bool low_weight) {
+  const G* gp = grad.const_data_ptr<G>();
+  float* pp = master.data_ptr<float>();
+  M* mp = m.data_ptr<M>();
+  M* vp = v.data_ptr<M>();
+  O* op = out.data_ptr<O>();
+  parallel_blocks(master.numel(), [&](int64_t lo, int64_t hi) {
+    if (low_weight) {
+      update_range<true>(gp + lo, pp + lo, mp + lo, vp + lo, op + lo, hi - lo, c);
+    } else {
+      update_range<false>(gp + lo, pp + lo, mp + lo, vp + lo, op + lo, hi - lo, c);
+    }
+  });
+}
+
+template <typename G, typename M>
+void dispatch_out(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
+                  const at::Tensor& v, const at::Tensor& out, const Coefs& c, bool low) {
+  switch (out.scalar_type()) {
+    case at::kFloat: return run<G, M, float>(grad, master, m, v, out, c, low);
+    case at::kBFloat16: return run<G, M, c10::BFloat16>(grad, master, m, v, out, c, low);
+    case at::kHalf: return run<G, M, c10::Half>(grad, master, m, v, out, c, low);
+    default: TORCH_CHECK(false, "host_adam: out must be float32, bfloat16 or float16");
+  }
+}
+
+template <typename G>
+void dispatch_moments(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
+                      const at::Tensor& v, const at::Tensor& out, const Coefs& c, bool low) {
+  switch (m.scalar_type()) {
+    case at::kFloat: return dispatch_out<G, float>(grad, master, m, v, out, c, low);
+    case at::kBFloat16: return dispatch_out<G, c10::BFloat16>(grad, master, m, v, out, c, low);
+    default: TORCH_CHECK(false, "host_adam: moments must be float32 or bfloat16");
+  }
+}
+
+void adamw_(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
+            const at::Tensor& v, const at::Tensor& out, int64_t step, double lr, double beta1,
+            double beta2, double eps, double weight_decay, double grad_scale) {
+  const int64_t n = master.numel();
+  for (const at::Tensor* t : {&grad, &master, &m, &v, &out}) {
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->numel() == n,
+                "host_adam: every tensor must be a contiguous CPU tensor of ", n, " elements");
+  }
+  TORCH_CHECK(master.scalar_type() == at::kFloat, "host_adam: master must be float32");
+  TORCH_CHECK(m.scalar_type() == v.scalar_type(), "host_adam: m and v differ in dtype");
+  TORCH_CHECK(step >= 1, "host_adam: step must be >= 1");
+  // As FusedAdamKernel.cpp: coefficients in double, then one cast to float.
+  const double bc1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bc2 = 1 - std::pow(beta2, static_cast<double>(step));
+  const Coefs c{
+      static_cast<float>(weight_decay != 0 ? 1 - lr * weight_decay : 1.0),
+      static_cast<float>(grad_scale),
+      static_cast<float>(1 - beta1),
+      static_cast<float>(beta2),
+      static_cast<float>(1 - beta2),
+      static_cast<float>(std::sqrt(bc2)),
+      static_cast<float>(eps),
+      static_cast<float>(-(lr / bc1)),
+  };
+  const bool low = std::abs(c.w) < 0.5f;
+  switch (grad.scalar_type()) {
+    case at::kFloat: return dispatch_moments<float>(grad, master, m, v, out, c, low);
+    case at::kBFloat16: return dispatch_moments<c10::BFloat16>(grad, master, m, v, out, c, low);
+    case at::kHalf: return dispatch_moments<c10::Half>(grad, master, m, v, out, c, low);
+    default: TORCH_CHECK(false, "host_adam: grad must be float32, bfloat16 or float16");
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(slide_host_adam, lib) {
+  lib.def(
+      "adamw_(Tensor grad, Tensor(a!) master, Tensor(b!) m, Tensor(c!) v, Tensor(d!) out, "
+      "int step, float lr, float beta1, float beta2, float eps, float weight_decay, "
+      "float grad_scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(slide_host_adam, CPU, lib) { lib.impl("adamw_", &adamw_); }

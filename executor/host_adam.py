@@ -1,0 +1,140 @@
+"""The single-pass host AdamW (csrc/host_adam.cpp): build on first use, call, or say why not.
+
+The kernel reads the gradient, master and moments and writes master, moments and the
+compute-dtype copy in one pass per element (28 bytes with FP32 moments and BF16 gradient and
+copy, 20 with BF16 moments), vectorised by the compiler for the ISA the build targets and
+threaded with OpenMP over `torch.get_num_threads()` threads (so `torch.set_num_threads` governs
+it). Its arithmetic is torch's fused CPU AdamW, so it equals the chunked torch path in
+`adam.py` bit for bit, but for the last bit of v at the few elements torch's scalar tail
+handles.
+
+It is JIT-compiled with `torch.utils.cpp_extension.load` into torch's extension cache (ninja
+needed; `TORCH_EXTENSIONS_DIR` moves the cache). The extension's name carries the ISA (AVX-512,
+AVX2 or portable) and torch's version, so a cache shared by different hosts never runs code
+built for another CPU. If the build fails, `kernel()` returns None, the failure is logged once
+with its reason, and `adam.py` keeps the torch path.
+
+Invariant: `adamw_` takes 1-D contiguous CPU tensors of one length; master FP32, m and v one
+dtype (FP32 or BF16), gradient and out FP32, BF16 or FP16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "host_adam.cpp"
+# -ffp-contract=off: no fma the source does not write (the arithmetic must stay torch's);
+# -fno-math-errno: lets sqrt vectorise (no errno for the non-negative v).
+BASE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno")
+ISA_FLAGS = {
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+    "portable": (),
+}
+
+Kernel = Callable[..., None]
+
+
+def isa() -> str:
+    """The widest ISA this CPU runs, as torch's own CPU kernels pick it."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap.startswith("AVX512"):
+        return "avx512"
+    return "avx2" if cap == "AVX2" else "portable"
+
+
+def _ninja_on_path() -> None:
+    """cpp_extension runs `ninja` from PATH; a venv used without activation (`.venv/bin/python
+    -m pytest`) has the pip-installed one only in its own bin directory."""
+    if shutil.which("ninja") is None:
+        bins = [str(Path(sys.executable).parent)]
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            bins.insert(0, ninja.BIN_DIR)
+        os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
+
+
+def _build(target: str) -> Kernel:
+    from torch.utils import cpp_extension  # here, not at import: only the cpu lane needs it
+
+    _ninja_on_path()
+
+    tag = torch.__version__.split("+")[0].replace(".", "_")
+    name = f"slide_host_adam_{target}_t{tag}"
+    flags = [*BASE_FLAGS, *ISA_FLAGS[target]]
+    start = time.perf_counter()
+    cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE)],
+        extra_cflags=flags,
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,
+        verbose=False,
+    )
+    log.info("host AdamW kernel %s ready in %.1f s", name, time.perf_counter() - start)
+    return torch.ops.slide_host_adam.adamw_
+
+
+_LOCK = threading.Lock()  # one build per process, whichever thread asks first
+
+
+def kernel() -> Kernel | None:
+    """The compiled `adamw_` op, built on first call; None (logged once) if it cannot be built."""
+    with _LOCK:
+        return _kernel()
+
+
+@functools.cache
+def _kernel() -> Kernel | None:
+    target = isa()
+    try:
+        return _build(target)
+    except Exception as e:  # any build failure means: keep the torch path
+        log.warning(
+            "host AdamW kernel (%s) not built, using torch's fused AdamW: %s", target, _reason(e)
+        )
+        log.debug("host AdamW kernel build failure in full", exc_info=e)
+        return None
+
+
+def _reason(e: Exception) -> str:
+    """The exception's type and the first line of it that names the cause (a compiler's
+    `error:` line, a missing program), else its first line: a build log is long."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
+    causes = (ln for ln in lines if "error:" in ln.lower() or "not found" in ln.lower())
+    first_error = next(causes, lines[0])
+    return f"{type(e).__name__}: {first_error[:300]}"
+
+
+def adamw_(
+    grad: torch.Tensor,
+    master: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    step: int,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    grad_scale: float = 1.0,
+) -> None:
+    """One AdamW step over equal-length 1-D tensors, in place (needs `kernel()` not None)."""
+    op = kernel()
+    assert op is not None, "host AdamW kernel unavailable; check kernel() first"
+    op(grad, master, m, v, out, step, lr, betas[0], betas[1], eps, weight_decay, grad_scale)
