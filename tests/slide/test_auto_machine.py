@@ -1,0 +1,175 @@
+"""`--machine auto`: the per-host profile cache (keying, refresh by `slide calibrate`, a corrupt
+entry measured again) and planning with the cached figures. The probes are replaced by functions
+that return known figures and the host by a fixed description, so no GPU is needed."""
+
+import logging
+from dataclasses import replace
+
+import pytest
+import torch
+
+from executor import calibrate as cal
+from slide import auto_machine, host_probes
+from slide.cli import main
+from slide.training import TrainRequest, resolve_machine
+from slide_ir.config import TrainConfig
+from slide_ir.hardware import load_machine, load_machine_toml
+from slide_ir.model import load_model
+from slide_ir.planner import plan
+
+HOST = host_probes.Host(
+    gpu="NVIDIA Imaginary X1", gpu_memory_bytes=48 << 30, cpu="Made-up CPU 9000", cores=16,
+    ram_bytes=(256 << 30) + 12345,
+)  # fmt: skip
+CUDA = torch.device("cuda")  # never touched: `this_host` is replaced below
+ADAM_PER_CORE = 1.5e8  # what the fake half-thread host-update probe reports, per thread
+
+
+def _fig(value: float, threads: int = 0) -> cal.Figure:
+    return cal.Figure(value, "fake probe", threads)
+
+
+class FakeProbes:
+    """Stands in for executor.calibrate's probes; `scale` multiplies every rate, `calls`
+    counts the runs of the host-update probe (three per measurement)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.scale, self.calls = 1.0, 0
+        gpu = {"matmul_rate": 500e12, "attention_rate": 200e12, "hbm_rate": 3e12,
+               "lce_rate": 2e10, "elementwise_rate": 2e12, "gpu_adam_rate": 5e10,
+               "cast_rate": 4e9}  # fmt: skip
+        for name, value in gpu.items():
+            monkeypatch.setattr(cal, name, lambda *a, _v=value, **k: _fig(_v * self.scale))
+        monkeypatch.setattr(cal, "link_rates", self.link)
+        monkeypatch.setattr(cal, "adam_rate", self.adam)
+        monkeypatch.setattr(
+            cal, "nvme_rates", lambda d, *a: {"read": _fig(7e9), "write": _fig(6e9)}
+        )
+        monkeypatch.setattr(host_probes, "this_host", lambda device: HOST)
+
+    def link(self, *args: object) -> dict[str, cal.Figure]:
+        keys = ("h2d", "d2h", "duplex", "pageable_h2d", "pageable_d2h")
+        return {k: _fig(5e10 * self.scale) for k in keys}
+
+    def adam(self, threads: int, elements: int = 0, **kw: object) -> cal.Figure:
+        self.calls += 1
+        return _fig(threads * ADAM_PER_CORE * self.scale, threads)
+
+
+@pytest.fixture
+def probes(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return FakeProbes(monkeypatch)
+
+
+def _request(**kw: object) -> TrainRequest:
+    return TrainRequest(
+        model="llama-3.2-3b", machine="auto", config=TrainConfig(batch=4, seq=256), **kw
+    )
+
+
+def test_keys_tell_hosts_apart_and_agree_on_the_same_host():
+    assert HOST.key == replace(HOST).key
+    assert HOST.key == replace(HOST, ram_bytes=HOST.ram_bytes + (5 << 20)).key  # boot-to-boot
+    others = [replace(HOST, gpu="NVIDIA H200"), replace(HOST, cpu="Other CPU 9000"),
+              replace(HOST, cores=8), replace(HOST, ram_bytes=128 << 30),
+              replace(HOST, gpu_memory_bytes=24 << 30)]  # fmt: skip
+    keys = {HOST.key, *(h.key for h in others)}
+    assert len(keys) == 1 + len(others)
+    assert all("/" not in k and " " not in k for k in keys)
+    assert HOST.key.startswith("nvidia-imaginary-x1-48g--made-up-cpu-9000-16c-256g--")
+
+
+def test_auto_measures_once_then_reads_the_cache(probes):
+    first = auto_machine.auto_machine(CUDA)
+    assert probes.calls == 3 and auto_machine.cache_path(HOST).exists()
+    probes.scale = 2.0  # a second measurement would differ: the cache must be what is read
+    second = auto_machine.auto_machine(CUDA)
+    assert probes.calls == 3 and second == first
+    assert first.name == "auto (NVIDIA Imaginary X1)"
+    assert first.gpu.bf16_matmul_tflops == 500 and first.gpu.memory_bytes == HOST.gpu_memory_bytes
+    assert (
+        first.cpu.adam_elems_per_s_per_core == ADAM_PER_CORE and first.ram_bytes == HOST.ram_bytes
+    )
+    assert "slide train --machine auto" in first.source("cpu.dram_bytes_per_s")
+
+
+def test_an_unknown_gpu_is_measured_not_given_a_presets_figures(probes):
+    machine = auto_machine.auto_machine(CUDA)
+    for preset in ("paper-pc-4090", "h200-16c-128g"):
+        assert machine.gpu.bf16_matmul_tflops != load_machine(preset).gpu.bf16_matmul_tflops
+    assert machine.gpu.bf16_peak_tflops == 500  # no datasheet: the measured rate
+    assert "no datasheet match" in machine.source("gpu.bf16_peak_tflops")
+
+
+def test_calibrate_refreshes_the_entry_auto_reads(probes, tmp_path, monkeypatch, capsys):
+    auto_machine.auto_machine(CUDA)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    probes.scale = 3.0
+    out = tmp_path / "m.toml"
+    args = ["calibrate", "--model", "llama-3.2-3b", "--nvme-dir", str(tmp_path), "--out", str(out)]
+    assert main(args) == 0
+    assert "cached as" in capsys.readouterr().out
+    calibrated, after = load_machine(str(out)), auto_machine.auto_machine(CUDA)
+    assert probes.calls == 6  # calibrate measured; auto then read what it wrote
+    assert after.gpu.bf16_matmul_tflops == 1500 == calibrated.gpu.bf16_matmul_tflops
+    assert after.cpu == calibrated.cpu and after.link == calibrated.link
+    assert "slide calibrate" in after.source("link.h2d_bytes_per_s")
+    assert len(calibrated.nvme) == 1 and after.nvme == ()  # a run names its own drives
+
+
+@pytest.mark.parametrize("damage", ["not toml [[[", "name = 'half a profile'\n", b"\xff\xfe\x00"])
+def test_a_corrupt_entry_is_measured_again_with_one_warning(probes, caplog, damage):
+    path = auto_machine.cache_path(HOST)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(damage.encode() if isinstance(damage, str) else damage)
+    with caplog.at_level(logging.WARNING, logger="slide.auto_machine"):
+        machine = auto_machine.auto_machine(CUDA)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "unusable" in warnings[0].getMessage()
+    assert probes.calls == 3 and machine.gpu.bf16_matmul_tflops == 500
+    assert load_machine_toml(path.read_text()).cpu == machine.cpu  # the entry is whole again
+
+
+def test_an_unwritable_cache_is_warned_about_and_the_run_goes_on(
+    probes, caplog, tmp_path, monkeypatch
+):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # a file where the directory should be
+    with caplog.at_level(logging.WARNING, logger="slide.auto_machine"):
+        machine = auto_machine.auto_machine(CUDA)
+    assert machine.gpu.bf16_matmul_tflops == 500
+    assert "cannot cache" in caplog.text
+
+
+def test_auto_plans_with_the_cached_figures(probes):
+    spec = load_model("llama-3.2-3b")
+    machine = resolve_machine(_request(), CUDA)
+    probes.scale = 10.0  # the cached figures, not these, must reach the planner
+    again = resolve_machine(_request(), CUDA)
+    the_plan = plan(spec, again, TrainConfig(batch=4, seq=256))
+    assert the_plan.machine == machine
+    assert the_plan.machine.link.h2d_bytes_per_s == 5e10
+    assert the_plan.machine.cpu.adam_elems_per_s_per_core == ADAM_PER_CORE
+
+
+def test_overrides_apply_to_the_measured_machine(probes):
+    machine = resolve_machine(_request(ram_gb=64, nvme=2), CUDA)
+    assert machine.ram_bytes == 64 << 30 and "override" in machine.source("ram_bytes")
+    assert len(machine.nvme) == 2 and machine.gpu.bf16_matmul_tflops == 500
+
+
+def test_cpu_mode_keeps_the_preset_figures_and_measures_nothing(probes):
+    machine = resolve_machine(_request(ram_gb=8), torch.device("cpu"))
+    preset = load_machine(auto_machine.CPU_MODE_PRESET)
+    assert probes.calls == 0 and machine.name == "auto (cpu)"
+    assert machine.gpu.bf16_matmul_tflops == preset.gpu.bf16_matmul_tflops
+    assert machine.ram_bytes == 8 << 30 and machine.gpu.memory_bytes == cal.host_ram_bytes()
+    assert not auto_machine.cache_dir().exists()
+
+
+def test_probes_over_their_budget_are_warned_about(caplog):
+    with caplog.at_level(logging.INFO, logger="slide.host_probes"):
+        got = host_probes.run_probes({"a": lambda: 1, "b": lambda: 2}, budget_s=0.0)
+    assert got == {"a": 1, "b": 2} and "over their 0 s budget" in caplog.text
