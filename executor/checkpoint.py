@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -41,6 +42,10 @@ SAFETENSORS_DTYPES = {
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, corrupt or does not match the model; names the file."""
+
+
+class WriteCancelled(Exception):
+    """A checkpoint write stopped by its `cancel` event (the run is being aborted)."""
 
 
 def param_names(spec: ModelSpec) -> list[str]:
@@ -228,6 +233,7 @@ def write_hf_model(
     state: Mapping[str, torch.Tensor],
     *,
     dtype: torch.dtype = torch.bfloat16,
+    cancel: threading.Event | None = None,
 ) -> list[str]:
     """config.json and the weights into an existing directory, every file fsynced. Returns the
     names of the files written (what `from_pretrained` reads)."""
@@ -247,12 +253,12 @@ def write_hf_model(
             yield name, state[name].detach().to("cpu", dtype)
 
     if len(shards) == 1:
-        write_safetensors(directory / "model.safetensors", tensors(shards[0]))
+        write_safetensors(directory / "model.safetensors", tensors(shards[0]), cancel=cancel)
         return ["config.json", "model.safetensors"]
     weight_map = {}
     files = [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
     for file, names in zip(files, shards, strict=True):
-        write_safetensors(directory / file, tensors(names))
+        write_safetensors(directory / file, tensors(names), cancel=cancel)
         weight_map |= dict.fromkeys(names, file)
     index = {
         "metadata": {"total_size": sum(state[n].numel() for n in weight_map) * dtype.itemsize},
@@ -263,11 +269,15 @@ def write_hf_model(
 
 
 def write_safetensors(
-    path: Path, tensors: Mapping[str, torch.Tensor] | Iterator[tuple[str, torch.Tensor]]
+    path: Path,
+    tensors: Mapping[str, torch.Tensor] | Iterator[tuple[str, torch.Tensor]],
+    *,
+    cancel: threading.Event | None = None,
 ) -> None:
     """A safetensors file written tensor by tensor from the tensors' own memory, then fsynced.
     The header needs every shape first, so `tensors` is materialised as a list of (name,
-    tensor) pairs: references, not copies."""
+    tensor) pairs: references, not copies. `cancel` set: WriteCancelled before the next
+    tensor (a background write stops within one tensor's time when the run is aborted)."""
     items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -286,6 +296,8 @@ def write_safetensors(
         for _, t in items:
             if delay_ms:
                 time.sleep(delay_ms / 1e3)
+            if cancel is not None and cancel.is_set():
+                raise WriteCancelled(str(path))
             f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
         f.flush()
         os.fsync(f.fileno())

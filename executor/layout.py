@@ -15,7 +15,6 @@ holds any unit of its group and a transfer is one copy. Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -148,10 +147,3 @@ def unit_layouts(spec: ModelSpec) -> dict[int, UnitLayout]:
     for unit in range(1, spec.num_layers + 1):
         out[unit] = layer_layout(spec, unit)
     return dict(sorted(out.items()))
-
-
-def hf_names(layouts: dict[int, UnitLayout]) -> Iterator[tuple[int, Entry]]:
-    """(unit, entry) for every HF parameter name of the model."""
-    for unit, layout in layouts.items():
-        for entry in layout.hf:
-            yield unit, entry

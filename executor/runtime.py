@@ -21,7 +21,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -196,7 +196,3 @@ def wait_ops(shared: Shared, op_ids: list[str]) -> None:
     """Block the main thread until these ops have finished (host and device work)."""
     for op_id in op_ids:
         shared.completions[op_id].wait_host(shared.env.abort, shared.knobs.wait_timeout_s, "main")
-
-
-def lane_error_or(shared: Shared, fallback: Callable[[], BaseException]) -> BaseException:
-    return shared.error[0] if shared.error else fallback()

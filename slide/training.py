@@ -15,7 +15,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import signal
 import threading
 from collections.abc import Iterator, Mapping
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 
 from executor.adam import AdamWConfig
-from executor.checkpoint import initial_weights, write_hf_model, write_safetensors, write_text
+from executor.checkpoint import initial_weights
 from executor.data import CORPUS, TokenStream, batches, load_token_stream
 from executor.loop import graph_config, graph_plan
 from executor.recording import DEFAULT_TRACE_STEPS
@@ -35,15 +34,15 @@ from executor.tokenizer import build_tiny_tokenizer
 from executor.train import (
     InfeasiblePlanError,
     NonFiniteLossError,
-    ReadState,
     TrainResult,
     check_feasible,
     train,
 )
-from slide.checkpoints import STATE_FILE, RunDir
+from slide.checkpoints import RunDir
 from slide.errors import StopRun, UserError
 from slide.fileio import write_atomic
-from slide.resume import OPTIM_FILE, Resumed, read_checkpoint, state_json
+from slide.resume import Resumed, read_checkpoint, state_json
+from slide.saving import Checkpointer, StateWriter
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import Machine, load_machine, with_drives
 from slide_ir.model import ModelSpec, load_model
@@ -156,7 +155,7 @@ def _run(
     run_dir: RunDir | None,
 ) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
-    ckpt = _Checkpointer(req, the_plan.model, optim, run_dir)
+    ckpt = _checkpointer(req, the_plan.model, optim, run_dir) if run_dir else None
     reporter = _Reporter(req, total=req.config.steps, start=start)
     stop = _CtrlC()
     result = None
@@ -177,23 +176,45 @@ def _run(
                 start_step=start,
                 nvme_dir=[Path(d) for d in req.nvme_dirs] or None,
                 save_every=req.save_every,
-                on_save=ckpt.save if run_dir else None,
+                on_save=ckpt.save if ckpt else None,
                 trace_steps=req.trace_steps,
                 log_every=req.log_every,
             )
             stop.finishing()
             done = start + result.steps_done
-            if run_dir and result.steps_done:
-                ckpt.save(done, lambda: (result.final_state, result.optim_state))
+            if ckpt:
+                ckpt.wait()
+                if result.steps_done:
+                    state = (result.final_state, result.optim_state)
+                    ckpt.save(done, lambda: state, background=False)
     except KeyboardInterrupt:
-        where = f"; the last checkpoint is {ckpt.last}" if ckpt.last else ""
-        raise StopRun(f"aborted{where}", code=130) from None
-    except NonFiniteLossError as exc:
-        where = f"; the last checkpoint is {ckpt.last}" if ckpt.last else ""
-        raise StopRun(f"error: {exc}{where}", code=1) from None
+        if ckpt:
+            ckpt.cancel()
+        raise StopRun(f"aborted{_kept(ckpt)}", code=130) from None
+    except BaseException as exc:
+        if ckpt and not isinstance(exc, StopRun):  # a checkpoint in flight is published first
+            ckpt.wait()
+        if isinstance(exc, NonFiniteLossError):
+            raise StopRun(f"error: {exc}{_kept(ckpt)}", code=1) from None
+        raise
     finally:
         reporter.close()
-    return _finish(req, result, reporter, done, the_plan.machine, ckpt, interrupted=stop.requested)
+    last = ckpt.last if ckpt else None
+    return _finish(req, result, reporter, done, the_plan.machine, last, interrupted=stop.requested)
+
+
+def _checkpointer(
+    req: TrainRequest, spec: ModelSpec, optim: AdamWConfig, run_dir: RunDir
+) -> Checkpointer:
+    def state_text(step: int) -> str:
+        return state_json(spec=spec, config=req.config, optim=optim, steps_done=step,
+                          seed=req.seed, data=req.data)  # fmt: skip
+
+    return Checkpointer(run_dir, StateWriter(spec, state_text))
+
+
+def _kept(ckpt: Checkpointer | None) -> str:
+    return f"; the last checkpoint is {ckpt.last}" if ckpt and ckpt.last else ""
 
 
 def _dtype(name: str | None) -> torch.dtype | None:
@@ -227,11 +248,12 @@ def _data(
 
 class _CtrlC:
     """SIGINT while training: the first asks the run to stop after the step in flight (and
-    save); a second, or one before the first step has finished, aborts (KeyboardInterrupt)."""
+    save); a second, or one before the first step has finished, aborts (KeyboardInterrupt),
+    and later ones are ignored while the abort unwinds."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._armed = False
+        self._armed = self._aborting = False
         self._previous: Any = None
 
     def __enter__(self) -> _CtrlC:
@@ -254,7 +276,10 @@ class _CtrlC:
         self._armed = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._aborting:  # the abort is unwinding (lanes joined, files closed): let it
+            return
         if self.requested or not self._armed:
+            self._aborting = True
             raise KeyboardInterrupt
         self.requested = True
         log.warning(
@@ -274,22 +299,13 @@ def _saved_plan(path: str | None) -> Plan | None:
 
 
 def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
-    """`auto`: this host. The cost figures come from the closest preset; capacities are real
-    (`--ram-gb` and `--nvme` still override them)."""
+    """`auto`: this host, measured once and cached (`slide.auto_machine`); else a catalog name
+    or a .toml profile. `--ram-gb` and `--nvme` override either."""
     if req.machine != "auto":
         return load_machine(req.machine, ram_gb=req.ram_gb, nvme=req.nvme)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        base = load_machine("h200-16c-128g" if "H200" in name else "paper-pc-4090")
-        gpu_bytes = torch.cuda.get_device_properties(device).total_memory
-    else:  # CPU mode: the "GPU" tier is host memory too
-        name, base, gpu_bytes = "cpu", load_machine("paper-pc-4090"), ram
-    if req.ram_gb is not None:
-        ram = round(req.ram_gb * 2**30)
-    machine = replace(
-        base, name=f"auto ({name})", gpu=replace(base.gpu, memory_bytes=gpu_bytes), ram_bytes=ram
-    )
+    from slide.auto_machine import auto_machine
+
+    machine = auto_machine(device, ram_gb=req.ram_gb)
     return machine if req.nvme is None else with_drives(machine, req.nvme, None)
 
 
@@ -301,47 +317,6 @@ def _token_stream(req: TrainRequest, spec: ModelSpec) -> TokenStream:
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
-class _Checkpointer:
-    """Publishes the state at a step boundary as one checkpoint of `run_dir`."""
-
-    def __init__(
-        self, req: TrainRequest, spec: ModelSpec, optim: AdamWConfig, run_dir: RunDir | None
-    ) -> None:
-        self.req, self.spec, self.optim, self.run_dir = req, spec, optim, run_dir
-        self.last: Path | None = None
-
-    def save(self, step: int, read_state: ReadState) -> None:
-        assert self.run_dir is not None
-        weights, moments = read_state()
-        text = state_json(
-            spec=self.spec,
-            config=self.req.config,
-            optim=self.optim,
-            steps_done=step,
-            seed=self.req.seed,
-            data=self.req.data,
-        )
-
-        def write(directory: Path) -> list[str]:
-            # FP32: the master weights themselves, so --resume continues exactly (transformers
-            # loads it like any checkpoint; pass dtype=torch.bfloat16 for a BF16 copy)
-            files = write_hf_model(directory, self.spec, weights, dtype=torch.float32)
-            write_safetensors(directory / OPTIM_FILE, moments)
-            write_text(directory / STATE_FILE, text)
-            return files
-
-        try:
-            self.last = self.run_dir.publish(step, write)
-        except OSError as exc:  # a full disk, a read-only mount: say where and what is kept
-            kept = f"; the last checkpoint is {self.last}" if self.last else ""
-            raise StopRun(
-                f"error: cannot write the step-{step} checkpoint in {self.run_dir.root}: "
-                f"{exc.strerror or exc}{kept}",
-                code=1,
-            ) from None
-        log.info("checkpoint (%d steps) published at %s", step, self.last)
-
-
 # -- reporting -----------------------------------------------------------------------------------
 @dataclass
 class _LossStats:
@@ -422,7 +397,7 @@ def _finish(
     reporter: _Reporter,
     steps_done: int,
     machine: Machine,
-    ckpt: _Checkpointer,
+    last: Path | None,
     *,
     interrupted: bool,
 ) -> dict[str, Any]:
@@ -445,7 +420,7 @@ def _finish(
         "machine": machine.name,
         "tokens_per_s": m.tokens_per_s,
         "eta": m.eta,
-        "checkpoint": str(ckpt.last) if ckpt.last else None,
+        "checkpoint": str(last) if last else None,
     }
 
 

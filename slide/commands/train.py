@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 
 from slide.commands.common import (
     add_machine_overrides,
@@ -138,7 +139,14 @@ def run(args: argparse.Namespace) -> int:
         save_trace=args.save_trace,
         progress=not args.no_progress,
     )
-    summary = run_training(request)
+    try:
+        summary = run_training(request)
+    except (StopRun, KeyboardInterrupt) as stop:
+        if isinstance(stop, KeyboardInterrupt) or stop.code == 130:
+            _exiting_after_ctrl_c()
+        raise
+    if summary["interrupted"]:
+        _exiting_after_ctrl_c()
     print(json.dumps(summary, indent=2))
     if summary["interrupted"]:
         saved = (
@@ -166,3 +174,10 @@ def _step_range(text: str) -> tuple[int, int]:
     if not 1 <= first <= last:
         raise UserError(f"--trace-steps must be A:B with 1 <= A <= B, got {text!r}")
     return first, last
+
+
+def _exiting_after_ctrl_c() -> None:
+    """The user pressed Ctrl-C and the command is ending: a further one must not land in the
+    interpreter's shutdown (there it kills the process with SIGINT, or aborts it while torch's
+    threads unwind), so it is ignored from here to the exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -103,20 +103,57 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, tokens,
                                                                monkeypatch):  # fmt: skip
     import errno
 
-    import slide.training as training
+    import slide.saving as saving
 
     out, writes = tmp_path / "run", []
-    real = training.write_safetensors
+    real = saving.write_safetensors
 
-    def fill_up(path, tensors):
+    def fill_up(path, tensors, **options):
         writes.append(path)
         if len(writes) > 1:  # the second checkpoint's optimizer file: the disk is full
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real(path, tensors)
+        real(path, tensors, **options)
 
-    monkeypatch.setattr(training, "write_safetensors", fill_up)
+    monkeypatch.setattr(saving, "write_safetensors", fill_up)
     code, _, err = train(capsys, tokens, "--steps", "4", "--save-every", "2", "--out", str(out))
     assert code == 1 and "No space left on device" in err and "step-000002" in err
     assert len([line for line in err.splitlines() if line.strip()]) == 1
     assert (out / "latest").read_text().strip() == "checkpoints/step-000002"
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"]  # no partial
+
+
+@pytest.mark.parametrize("room", [True, False], ids=["copy-then-write", "no-room-for-a-copy"])
+def test_training_goes_on_while_a_checkpoint_is_written(tmp_path, tokens, capsys, monkeypatch,
+                                                        caplog, room):  # fmt: skip
+    """With room for a copy of the state, steps run while the checkpoint is written; without,
+    training waits for the write. Either way both checkpoints are published, in order."""
+    import threading
+    import time
+
+    import slide.saving as saving
+    import slide.training as training
+
+    writing, during = threading.Event(), []
+    real_write, real_step = saving.write_text, training._Reporter.on_step
+
+    def slow_write(path, text):
+        writing.set()
+        time.sleep(0.5)
+        real_write(path, text)
+        writing.clear()
+
+    def on_step(self, *step):
+        during.append(writing.is_set())
+        real_step(self, *step)
+
+    monkeypatch.setattr(saving, "write_text", slow_write)
+    monkeypatch.setattr(training._Reporter, "on_step", on_step)
+    if not room:
+        monkeypatch.setattr(saving, "available_memory_bytes", lambda: 0)
+    out = tmp_path / "run"
+    code, _, _ = train(capsys, tokens, "--steps", "6", "--save-every", "2", "--out", str(out))
+    assert code == 0
+    assert any(during) is room, during
+    said = [r.message for r in caplog.records if "does not fit" in r.message]
+    assert len(said) == (0 if room else 1)  # the fallback is said once
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000004", "step-000006"]
