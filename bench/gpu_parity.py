@@ -26,6 +26,7 @@ import transformers
 
 from bench.train_throughput import variant_fields
 from executor.adam import AdamWConfig
+from executor.reference_loop import reference_train
 from executor.train import train
 from slide_ir import TrainConfig, load_machine, load_model
 
@@ -49,25 +50,9 @@ def plain_loop(
     lr: float,
     device: str = "cuda",
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """transformers on `device` in `dtype`, FP32 master weights and torch AdamW beside it.
-    Returns the per-step losses and the final FP32 weights (on the CPU)."""
-    model = make_model().to(device, dtype)
-    master = {n: p.detach().float().clone().requires_grad_() for n, p in model.named_parameters()}
-    opt = torch.optim.AdamW(master.values(), lr=lr, weight_decay=0.0)
-    losses = []
-    for ids, labels in batches:
-        logits = model(input_ids=ids.to(device)).logits.float()
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.to(device).flatten())
-        loss.backward()
-        for name, p in model.named_parameters():
-            master[name].grad = p.grad.float()
-            p.grad = None
-        opt.step()
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(master[name])
-        losses.append(float(loss.detach()))
-    return losses, {n: t.detach().cpu() for n, t in master.items()}
+    """`executor.reference_loop` on `device` in `dtype` (FP32 master weights beside a BF16
+    model). Returns the per-step losses and the final FP32 weights (on the CPU)."""
+    return reference_train(make_model(), batches, lr=lr, dtype=dtype, device=device)
 
 
 def weight_error(ours: dict, gold: dict, init: dict) -> float:

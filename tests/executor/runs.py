@@ -9,6 +9,7 @@ import torch
 from hf_models import hf_model, spec_of, state_dict_fp32, tiny_config
 
 from executor.adam import AdamWConfig
+from executor.reference_loop import reference_train
 from executor.train import TrainResult, train
 from slide_ir import TrainConfig, load_machine
 from slide_ir.graph import Graph
@@ -44,46 +45,15 @@ def batches(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def units(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
-    """The model's parameters grouped as the executor's units: embedding (the LM head too when
-    tied), each decoder layer, the head (final norm + untied LM head)."""
-    inner = model.model
-    head = [inner.norm.weight] + (
-        [] if model.config.tie_word_embeddings else [model.lm_head.weight]
-    )
-    return [
-        [inner.embed_tokens.weight],
-        *(list(layer.parameters()) for layer in inner.layers),
-        head,
-    ]
-
-
 @functools.cache
 def reference(
     tied: bool, grad_accum: int, clip_norm: float | None = None
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """transformers + torch.optim.AdamW, FP32: the loss of a step is the mean over its labelled
-    tokens (micro-batch sums / step count), as the executor defines it. `clip_norm`: each unit's
-    gradient clipped by its own norm (torch's clip_grad_norm_ per unit) before the step."""
+    """`executor.reference_loop` on this model and data, FP32, torch AdamW (no weight decay)."""
     model = hf_model(model_config(tied))
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    data, losses = batches(STEPS * grad_accum), []
-    for step in range(STEPS):
-        micro = data[step * grad_accum : (step + 1) * grad_accum]
-        valid = sum(int((labels != -100).sum()) for _, labels in micro)
-        total = 0.0
-        for ids, labels in micro:
-            logits = model(input_ids=ids).logits.flatten(0, 1)
-            loss = torch.nn.functional.cross_entropy(logits, labels.flatten(), reduction="sum")
-            (loss / valid).backward()
-            total += float(loss.detach() / valid)
-        if clip_norm is not None:
-            for group in units(model):
-                torch.nn.utils.clip_grad_norm_(group, clip_norm)
-        opt.step()
-        opt.zero_grad()
-        losses.append(total)
-    return losses, state_dict_fp32(model)
+    return reference_train(
+        model, batches(STEPS * grad_accum), lr=LR, grad_accum=grad_accum, clip_norm=clip_norm
+    )
 
 
 def run_executor(
