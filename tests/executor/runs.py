@@ -4,16 +4,18 @@ executor must reproduce, and the executor run itself (CPU mode, FP32)."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import torch
 from hf_models import hf_model, spec_of, state_dict_fp32, tiny_config
 
+from executor import setup
 from executor.adam import AdamWConfig
 from executor.reference_loop import reference_train
 from executor.train import TrainResult, train
 from slide_ir import TrainConfig, load_machine
 from slide_ir.graph import Graph
-from slide_ir.planner import plan
+from slide_ir.planner import Plan, plan
 
 B, S, STEPS, LR = 2, 16, 10, 1e-3
 MACHINE = "h200-16c-128g"
@@ -93,6 +95,22 @@ def graph_of(tied: bool, drives: int = 0, steps: int = STEPS, **config: object) 
     config = {"placement": "small", **config}
     train_config = TrainConfig(batch=B, seq=S, steps=steps, **config)  # type: ignore[arg-type]
     return plan(spec_of(model_config(tied)), load_machine(MACHINE, nvme=drives), train_config).graph
+
+
+def build_run(p: Plan, cfg: dict, nvme_dir: Path, dtype: torch.dtype) -> setup.Run:
+    """The executor's set-up of plan `p` on the CPU (buffers, bindings, state loaded from
+    `cfg`'s random model), without running it: for tests of what set-up allocates."""
+    return setup.build(
+        p,
+        device=torch.device("cpu"),
+        dtype=dtype,
+        optim=AdamWConfig(),
+        step_offset=0,
+        total_steps=1,
+        nvme_dir=nvme_dir,
+        initial_state=state_dict_fp32(hf_model(cfg)),
+        initial_optim_state=None,
+    )
 
 
 def assert_bitwise_equal(a: TrainResult, b: TrainResult) -> None:

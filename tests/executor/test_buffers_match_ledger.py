@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_models import hf_model, spec_of, state_dict_fp32
-from runs import model_config
+from hf_models import spec_of
+from runs import build_run, model_config
 
-from executor import setup
-from executor.adam import AdamWConfig
 from executor.buffers import NOT_ALLOCATED
 from slide_ir import TrainConfig, load_machine
 from slide_ir.graph import Tier
@@ -34,17 +32,7 @@ def test_allocated_bytes_equal_the_ledger_pools(case: str, tmp_path: Path) -> No
     machine = load_machine("h200-16c-128g", nvme=1)
     config = {"placement": "small", **CASES[case]}  # the case's placement, not a searched one
     p = plan(spec_of(cfg), machine, TrainConfig(batch=2, seq=16, steps=1, **config))
-    run = setup.build(
-        p,
-        device=torch.device("cpu"),
-        dtype=torch.bfloat16,
-        optim=AdamWConfig(),
-        step_offset=0,
-        total_steps=1,
-        nvme_dir=tmp_path,
-        initial_state=state_dict_fp32(hf_model(cfg)),
-        initial_optim_state=None,
-    )
+    run = build_run(p, cfg, tmp_path, torch.bfloat16)
     allocated = run.env.buffers.allocated
     checked = 0
     for pool in p.graph.pools:

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_models import hf_model, spec_of, state_dict_fp32
-from runs import assert_bitwise_equal, model_config, run_executor
+from hf_models import spec_of
+from runs import assert_bitwise_equal, build_run, model_config, run_executor
 
-from executor import nvme_io, setup
-from executor.adam import AdamWConfig
+from executor import nvme_io
 from executor.nvme import NvmeStore
 from executor.nvme_io import ALIGN, NvmeSpaceError, aligned_empty
 from slide_ir import TrainConfig, load_machine
@@ -179,17 +178,7 @@ def test_a_runs_staging_buffers_are_aligned(tmp_path: Path) -> None:
         **{k: ON_NVME[k] for k in ("resident", "streamed")},
     )
     p = plan(spec_of(cfg), load_machine("h200-16c-128g", nvme=2), config)
-    run = setup.build(
-        p,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        optim=AdamWConfig(),
-        step_offset=0,
-        total_steps=1,
-        nvme_dir=tmp_path,
-        initial_state=state_dict_fp32(hf_model(cfg)),
-        initial_optim_state=None,
-    )
+    run = build_run(p, cfg, tmp_path, torch.float32)
     try:
         staging = {
             k: t
