@@ -141,9 +141,7 @@ class Driver:
             while pr.done < self.steps and not pr.stop:
                 n = min(self.p.config.steps, self.steps - pr.done)
                 if n < self.p.config.steps:  # the last repetition of a longer run: fewer steps
-                    graph = plan(
-                        self.p.model, self.p.machine, replace(self.p.config, steps=n)
-                    ).graph
+                    graph = graph_plan(self.p, n).graph
                     env.bind = bind_graph(graph, env.placement, tied=self.p.model.tied_embeddings)
                 shared = make_shared(env, graph, pr.recorder)
                 if not self._repeat(lanes, shared, n):
