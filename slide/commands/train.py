@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--machine",
         default="auto",
-        help="'auto' (detect this host), a catalog name or a .toml profile [auto]",
+        help="'auto' (on CUDA: this host's figures, measured once and cached per host; "
+        "`slide calibrate` refreshes them), a catalog name or a .toml profile [auto]",
     )
     add_machine_overrides(parser)
     add_train_config(parser)
