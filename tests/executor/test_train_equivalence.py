@@ -9,9 +9,7 @@ into full-size steps. Observed: ~1e-6 (differences come from fused q/k/v and gat
 from __future__ import annotations
 
 import pytest
-from runs import STEPS, max_rel_error, reference, run_executor
-
-RTOL = 1e-5
+from runs import assert_matches_reference, run_executor
 
 CASES = {
     "sliding-untied": (False, {}),
@@ -45,12 +43,4 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_executor_matches_pytorch_loop(case: str) -> None:
     tied, config = CASES[case]
-    grad_accum = int(config.get("grad_accum", 1))
-    clip = float(config["clip_norm"]) if config.get("clip") == "per-unit" else None
-    ref_losses, ref_state = reference(tied, grad_accum, clip)
-    result = run_executor(tied, **config)
-    assert result.steps_done == STEPS
-    for step, (ours, want) in enumerate(zip(result.losses, ref_losses, strict=True), 1):
-        assert abs(ours - want) <= RTOL * abs(want), f"step {step}: loss {ours} vs {want}"
-    err, name = max_rel_error(result.final_state, ref_state)
-    assert err <= RTOL, f"{name}: relative error {err:.2e}"
+    assert_matches_reference(run_executor(tied, **config), tied, config)
