@@ -122,8 +122,11 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
     optim = replace(optim, total_steps=resumed.total_steps if resumed else req.config.steps)
     remaining = replace(req.config, steps=req.config.steps - start)
-    the_plan = graph_plan(saved, remaining.steps) if saved else None
-    the_plan = the_plan or plan(spec, machine, graph_config(remaining))
+    the_plan = (
+        graph_plan(saved, remaining.steps)
+        if saved
+        else plan(spec, machine, graph_config(remaining))
+    )
     try:
         check_feasible(the_plan, device)
     except InfeasiblePlanError as exc:
