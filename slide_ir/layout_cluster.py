@@ -10,6 +10,10 @@ by `gpu` / `cpu`; the node adds what one GPU's machine profile does not know:
     host_ram_gib       host DRAM of the node (GiB), shared by its GPUs
     cpu_sockets        CPU sockets of the node (the part's rates are per socket)
 
+`attention_ref_seq` (not in the TOML) is the sequence length the GPU's attention rate stands for:
+16K, the long-sequence plateau, for the catalog's rule; a measured rate carries the length its
+probe used (see `slide_ir.layout_cost.attention_efficiency`).
+
 Invariants: every figure is positive and sourced; `machine` is the single-GPU view (the node's
 GPU, its PCIe link, one socket) so the single-GPU `CostModel` prices compute and host copies.
 """
@@ -50,6 +54,7 @@ class Cluster:
     network_bytes_per_s: float
     intra_node: str
     sources: tuple[tuple[str, str], ...]
+    attention_ref_seq: int = 16384
 
     @property
     def gpu_memory_bytes(self) -> int:

@@ -42,8 +42,8 @@ class Estimate:
 
 
 def _passes(c: LayoutCosts, w: StageWork, lay: Layout) -> tuple[float, float, dict[str, float]]:
-    fwd = c.base.compute_seconds(Work(flops=w.fwd_flops, attn_flops=w.fwd_attn_flops,
-                                      bytes=w.fwd_bytes))  # fmt: skip
+    fwd = c.compute_seconds(Work(flops=w.fwd_flops, attn_flops=w.fwd_attn_flops,
+                                 bytes=w.fwd_bytes))  # fmt: skip
     tp = c.collective_seconds(K.ALL_REDUCE, "tp", w.tp_bytes)
     ep = c.collective_seconds(K.ALL_TO_ALL, "ep", w.ep_bytes)
     cp_f = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", w.cp_bytes) - fwd)
@@ -72,7 +72,7 @@ def _update(c: LayoutCosts, w: StageWork, lay: Layout) -> float:
         link = c.base.rates.link
         upd = FP32 * shard / link + shard / c.host_rate + BF16 * shard / link
     else:
-        adam = Op(id="u", kind=K.GPU_ADAM, lane="gpu", step=1, layer=0,
+        adam = Op(id="u", kind=K.GPU_ADAM, lane="gpu", step=1, unit=0,
                   work=Work(elements=shard, bytes=16 * shard))  # fmt: skip
         upd = c.base.seconds(adam)
     gather = 0.0
@@ -94,8 +94,8 @@ def estimate(spec: ModelSpec, lay: Layout, cluster: Cluster) -> Estimate:
     fill = sum(per_mb) / v + (lay.m - 1 / v) * per_mb[slow]
     step = fill + 2 * (lay.pp - 1) * t_pp + max(updates)
     w = works[slow]
-    fwd = c.base.compute_seconds(Work(flops=w.fwd_flops, attn_flops=w.fwd_attn_flops,
-                                      bytes=w.fwd_bytes))  # fmt: skip
+    fwd = c.compute_seconds(Work(flops=w.fwd_flops, attn_flops=w.fwd_attn_flops,
+                                 bytes=w.fwd_bytes))  # fmt: skip
     compute = lay.m * fwd * (4 if lay.recompute else 3)
     comm = {k: lay.m * v for k, v in passes[slow][2].items()}
     comm["pp"] = 2 * (lay.pp - 1) * t_pp

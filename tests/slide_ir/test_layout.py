@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from simulator.layout import simulate_layout
-from slide_ir.graph import Graph, OpKind
+from slide_ir.graph import Graph, OpKind, Work
 from slide_ir.layout import (
     Layout,
     bubble,
@@ -18,9 +18,9 @@ from slide_ir.layout import (
     layout_problems,
 )
 from slide_ir.layout_cluster import load_cluster
-from slide_ir.layout_cost import LayoutCosts
+from slide_ir.layout_cost import FA3_CAUSAL_CURVE, LayoutCosts, attention_efficiency
 from slide_ir.layout_graph import layout_graph, one_f_one_b
-from slide_ir.layout_ledger import build_layout_ledger, stage_terms
+from slide_ir.layout_ledger import FRAGMENTATION, build_layout_ledger, stage_terms
 from slide_ir.layout_models import load_layout_model
 from slide_ir.layout_search import candidates, estimate, search
 from slide_ir.layout_work import all_stages, stage_work
@@ -151,6 +151,36 @@ def test_ring_formulas_and_link_choice():
     assert c.collective_seconds(OpKind.ALL_REDUCE, "tp", b) == pytest.approx(2 * 7 / 8 * b / 370e9)
     assert c.collective_seconds(OpKind.REDUCE_SCATTER, "dp", b) == pytest.approx(3 / 4 * b / 46e9)
     assert c.collective_seconds(OpKind.SEND_RECV, "pp", b) == pytest.approx(b / 46e9)
+
+
+def test_attention_efficiency_follows_the_fa3_curve():
+    top = FA3_CAUSAL_CURVE[-1][1]
+    for tokens, tflops in FA3_CAUSAL_CURVE:
+        assert attention_efficiency(tokens) == pytest.approx(tflops / top)
+    assert attention_efficiency(131072) == attention_efficiency(16384) == 1.0
+    assert attention_efficiency(128) == attention_efficiency(512)
+    lengths = [2**k for k in range(8, 18)] + [3000, 6000]
+    effs = [attention_efficiency(n) for n in sorted(lengths)]
+    assert effs == sorted(effs)
+
+
+def test_context_parallel_shortens_attention_kernels_tensor_parallel_does_not():
+    work = Work(flops=1e15, attn_flops=1e15)
+    by_tp = LayoutCosts(NODE, Layout(gpus=8, tp=8, seq=16384)).compute_seconds(work)
+    by_cp = LayoutCosts(NODE, Layout(gpus=8, cp=8, seq=16384)).compute_seconds(work)
+    rated = 1e15 / LayoutCosts(NODE, Layout(gpus=8)).base.rates.attention
+    assert by_tp == pytest.approx(rated)  # 16K-token kernels: the rate as catalogued
+    assert by_cp == pytest.approx(rated / attention_efficiency(2048))  # 16K / CP 8
+    measured_at_2k = replace(NODE, attention_ref_seq=2048)
+    long = LayoutCosts(measured_at_2k, Layout(gpus=8, tp=8, seq=16384)).compute_seconds(work)
+    assert long == pytest.approx(rated * attention_efficiency(2048))  # faster than measured
+
+
+def test_fragmentation_covers_the_tensors_that_come_and_go():
+    lay = Layout(gpus=8, tp=2, cp=4, ep=8, seq=32768, recompute=True, distributed_optimizer=True)
+    terms, _, _ = stage_terms(stage_work(QWEN_MOE, lay, 0), lay)
+    churn = terms["activations"] + terms["logits"] + terms["comm_buffers"]
+    assert terms["fragmentation"] == int(churn * FRAGMENTATION / (1 - FRAGMENTATION))
 
 
 # --- graph, simulation, search ----------------------------------------------------------------
