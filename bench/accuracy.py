@@ -79,8 +79,8 @@ def saved_config(plan_json: str) -> TrainConfig:
     older planner still load."""
     data = load_versioned(plan_json, PLAN_VERSION, "plan")
     graph = Graph.from_json(json.dumps(data["graph"]))
-    streamed = {op.layer for op in graph.ops if op.kind == OpKind.OPT_H2D}
-    updated_on_gpu = {op.layer for op in graph.ops if op.kind == OpKind.GPU_ADAM}
+    streamed = {op.unit for op in graph.ops if op.kind == OpKind.OPT_H2D}
+    updated_on_gpu = {op.unit for op in graph.ops if op.kind == OpKind.GPU_ADAM}
     resident = len(updated_on_gpu - streamed) if graph.info.schedule == "sliding" else 0
     return replace(TrainConfig(**data["config"]), resident=resident, streamed=len(streamed))
 

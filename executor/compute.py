@@ -32,9 +32,9 @@ def _unit(env: Env, key: str) -> GpuUnit:
 
 def fwd(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     unit, out = _unit(env, b.weights), env.buffers.tensor(b.x_out)
-    views = env.layouts[op.layer].views(unit.w)
+    views = env.layouts[op.unit].views(unit.w)
     with torch.no_grad():
-        if op.layer == 0:
+        if op.unit == 0:
             lane.batch = env.take_batch(op.step, b.micro)
             env.tokens.ids.copy_(lane.batch.ids, non_blocking=True)
             env.tokens.labels.copy_(lane.batch.labels, non_blocking=True)
@@ -48,7 +48,7 @@ def recompute(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     """The layer's forward again from its saved input, keeping the autograd tape for `bwd`."""
     unit = _unit(env, b.weights)
     x = env.buffers.tensor(b.x_in).detach().requires_grad_()
-    leaves = _leaves(env.layouts[op.layer].views(unit.w))
+    leaves = _leaves(env.layouts[op.unit].views(unit.w))
     with torch.enable_grad():
         out = layers.decoder_layer(x, leaves, env.spec, env.rope)
     lane.work = (out, x, leaves)
@@ -59,7 +59,7 @@ def bwd(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     if not b.accumulate:
         unit.g.zero_()
     grad_out = env.buffers.tensor(b.hg_in)
-    if op.layer == 0:
+    if op.unit == 0:
         assert lane.batch is not None
         g = env.layouts[0].views(unit.g)["embed.w"]
         layers.embed_backward(env.tokens.ids, grad_out, g, accumulate=True)
@@ -67,7 +67,7 @@ def bwd(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     assert lane.work is not None, f"{op.id}: no recompute before this backward"
     (out, x, leaves), lane.work = lane.work, None
     x.grad = env.buffers.tensor(b.hg_out).zero_()
-    _point_grads(leaves, env.layouts[op.layer].views(unit.g))
+    _point_grads(leaves, env.layouts[op.unit].views(unit.g))
     torch.autograd.backward(out, grad_out, inputs=[x, *leaves.values()])
 
 
@@ -94,7 +94,7 @@ def loss(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
         head.g.zero_()
     x = env.buffers.tensor(b.x_in).detach().requires_grad_()
     x.grad = env.buffers.tensor(b.hg_out).zero_()
-    layout = env.layouts[op.layer]
+    layout = env.layouts[op.unit]
     norm = layout.views(head.w)["norm"].detach().requires_grad_()
     norm.grad = layout.views(head.g)["norm"]
     lm = _lm_leaf(env, b, head)
@@ -118,12 +118,12 @@ def loss(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
 def gpu_adam(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     """A resident unit's AdamW (state in `devopt.u`), or a streamed one's (state in the staging
     slot `b.src`, its FP32 gradient upcast into the slot's scratch)."""
-    unit, layout = _unit(env, b.weights), env.layouts[op.layer]
+    unit, layout = _unit(env, b.weights), env.layouts[op.unit]
     grad32 = None
     if b.src:
-        state = env.stream_state(b.src, op.layer)
+        state = env.stream_state(b.src, op.unit)
         grad32 = env.buffers.tensor(f"{b.src}.grad")[: layout.numel]
     else:
-        state = env.buffers[f"devopt.{op.layer}"]
+        state = env.buffers[f"devopt.{op.unit}"]
         assert isinstance(state, OptState)
     adam.update_device(layout, unit.w, unit.g, state, env.hp(op.step), env.step_t, grad32)

@@ -33,11 +33,11 @@ def w_d2h(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
 
 def opt_h2d(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     """A streamed unit's FP32 master and moments from pinned RAM into its GPU slot."""
-    _copy_state(env.stream_state(b.dst, op.layer), env.host_state(op.layer))
+    _copy_state(env.stream_state(b.dst, op.unit), env.host_state(op.unit))
 
 
 def opt_d2h(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    _copy_state(env.host_state(op.layer), env.stream_state(b.src, op.layer))
+    _copy_state(env.host_state(op.unit), env.stream_state(b.src, op.unit))
 
 
 def _copy_state(dst: OptState, src: OptState) -> None:
@@ -66,8 +66,8 @@ def adam_host(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     if b.accum:
         grad = env.buffers.tensor(b.accum).add_(grad)
     assert lane.scratch is not None, "the cpu lane owns the optimizer scratch"
-    parts = env.host_parts(op.layer, b.staging)
-    layout = env.layouts[op.layer]
+    parts = env.host_parts(op.unit, b.staging)
+    layout = env.layouts[op.unit]
     adam.update_host(layout, grad, parts, env.buffers.tensor(b.dst), env.hp(op.step), lane.scratch)
 
 
@@ -86,7 +86,7 @@ def nvme_write(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     assert env.nvme is not None
     src = env.buffers.tensor(b.src)
     if slot_pool(b.src).startswith("opt_staging_"):
-        env.nvme.write(b.drive, env.nvme.offset[op.layer], src)
+        env.nvme.write(b.drive, env.nvme.offset[op.unit], src)
     else:
         env.nvme.write(b.drive, _act_offset(env, b.dst), src)
 
@@ -95,7 +95,7 @@ def nvme_read(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
     assert env.nvme is not None
     dst = env.buffers.tensor(b.dst)
     if slot_pool(b.dst).startswith("opt_staging_"):
-        env.nvme.read(b.drive, env.nvme.offset[op.layer], dst)
+        env.nvme.read(b.drive, env.nvme.offset[op.unit], dst)
     else:
         env.nvme.read(b.drive, _act_offset(env, b.src), dst)
 

@@ -144,7 +144,7 @@ def _label_layers(
         return
     px_per_s = fig.get_figwidth() * fig.dpi * 0.8 / span_s
     for s in spans:
-        label = f"L{s.layer}"
+        label = f"L{s.unit}"
         if s.duration * px_per_s > 6.5 * len(label) + 4:
             ax.text(
                 s.start + s.duration / 2,

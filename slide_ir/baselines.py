@@ -46,7 +46,7 @@ def emit_zero_offload(ctx: Ctx) -> None:
                 K.D2H_GRAD,
                 "d2h",
                 step=step,
-                layer=u,
+                unit=u,
                 work=Work(bytes=param_bytes(ctx, u)),
                 deps=[last_bwd],
             )
@@ -61,7 +61,7 @@ def emit_zero_offload(ctx: Ctx) -> None:
                 K.H2D_PARAM,
                 "h2d",
                 step=step,
-                layer=u,
+                unit=u,
                 work=Work(bytes=param_bytes(ctx, u)),
                 deps=[all_updated],
             )
@@ -79,6 +79,6 @@ def emit_gpu_only(ctx: Ctx) -> None:
                 K.GPU_ADAM,
                 "gpu",
                 step=step,
-                layer=u,
+                unit=u,
                 work=gpu_adam_work(ctx, u),
             )

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ops name a `unit` (was `layer`), values, micro-batch; pools a role
 
 
 class OpKind(StrEnum):
@@ -94,13 +94,13 @@ class Work:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Op:
-    """One unit of work on one lane. `layer`: 0 embedding, 1..n decoder layers, n+1 head."""
+    """One unit of work on one lane. `unit`: 0 embedding, 1..n decoder layers, n+1 head."""
 
     id: str
     kind: OpKind
     lane: str
     step: int
-    layer: int
+    unit: int
     work: Work = field(default_factory=Work)
     deps: tuple[str, ...] = ()
     acquires: tuple[str, ...] = ()
@@ -226,7 +226,7 @@ class Graph:
 
         g = nx.DiGraph()
         for op in self.ops:
-            g.add_node(op.id, kind=str(op.kind), lane=op.lane, step=op.step, layer=op.layer)
+            g.add_node(op.id, kind=str(op.kind), lane=op.lane, step=op.step, unit=op.unit)
             g.add_edges_from((d, op.id) for d in op.deps)
         for lane in self.lanes():
             ids = [op.id for op in self.lane_ops(lane)]
@@ -266,7 +266,7 @@ def _op_from_dict(d: Mapping[str, object]) -> Op:
         kind=OpKind(str(d["kind"])),
         lane=str(d["lane"]),
         step=int(d["step"]),  # type: ignore[call-overload]
-        layer=int(d["layer"]),  # type: ignore[call-overload]
+        unit=int(d["unit"]),  # type: ignore[call-overload]
         work=Work(**d["work"]),  # type: ignore[arg-type]
         deps=tuple(d["deps"]),  # type: ignore[arg-type]
         acquires=tuple(d["acquires"]),  # type: ignore[arg-type]

@@ -101,7 +101,7 @@ class _Emitter:
              deps: Sequence[str | None]) -> str | None:  # fmt: skip
         if nbytes <= 0:
             return None
-        self.b.emit(op_id, kind, net_lane(s, dim), step=1, layer=s,
+        self.b.emit(op_id, kind, net_lane(s, dim), step=1, unit=s,
                     work=Work(bytes=nbytes), deps=deps)  # fmt: skip
         return op_id
 
@@ -109,7 +109,7 @@ class _Emitter:
                 **slots: list[str]) -> str:  # fmt: skip
         deps = [*deps, *self.blocking[s]]
         self.blocking[s] = []
-        self.b.emit(op_id, kind, f"gpu{s}", step=1, layer=s, work=work, deps=deps, **slots)
+        self.b.emit(op_id, kind, f"gpu{s}", step=1, unit=s, work=work, deps=deps, **slots)
         self.last[s] = op_id
         return op_id
 
@@ -181,11 +181,11 @@ class _Emitter:
         shard = -(-w.dense_params // d) + -(-w.expert_params // (lay.expert_dp if sharded else 1))
         deps = [*last, *syncs]
         if lay.cpu_adam:
-            self.b.emit(f"s1.S{s}.g.d2h", K.D2H_GRAD, f"d2h{s}", step=1, layer=s,
+            self.b.emit(f"s1.S{s}.g.d2h", K.D2H_GRAD, f"d2h{s}", step=1, unit=s,
                         work=Work(bytes=FP32 * shard), deps=deps)  # fmt: skip
-            self.b.emit(f"s1.S{s}.adam", K.ADAM, f"cpu{s}", step=1, layer=s,
+            self.b.emit(f"s1.S{s}.adam", K.ADAM, f"cpu{s}", step=1, unit=s,
                         work=Work(elements=shard, bytes=28 * shard), deps=[f"s1.S{s}.g.d2h"])  # fmt: skip
-            self.b.emit(f"s1.S{s}.w.h2d", K.H2D_PARAM, f"h2d{s}", step=1, layer=s,
+            self.b.emit(f"s1.S{s}.w.h2d", K.H2D_PARAM, f"h2d{s}", step=1, unit=s,
                         work=Work(bytes=BF16 * shard), deps=[f"s1.S{s}.adam"])  # fmt: skip
             updated = f"s1.S{s}.w.h2d"
         else:

@@ -4,7 +4,7 @@ Small schedules in tests are written in it. Lines are `key=value` tokens, shell-
 
     info schedule=sliding model=tiny machine=m batch=1 seq=8 steps=1 ...
     pool gpu_units tier=gpu slots=2 slot_bytes=1024 static=0
-    op s1.L1.fwd kind=fwd lane=gpu step=1 layer=1 flops=1e9 deps=s1.L1.w.h2d acquires= releases=
+    op s1.L1.fwd kind=fwd lane=gpu step=1 unit=1 flops=1e9 deps=s1.L1.w.h2d acquires= releases=
 
 Omitted op fields take their defaults (no work, no deps, no slots). `#` starts a comment line.
 """
@@ -39,7 +39,7 @@ def format_graph(graph: Graph) -> str:
             "kind": op.kind,
             "lane": op.lane,
             "step": op.step,
-            "layer": op.layer,
+            "unit": op.unit,
         }
         items.update({k: getattr(op.work, k) for k in _WORK if getattr(op.work, k)})
         items.update({k: ",".join(getattr(op, k)) for k in _LISTS if getattr(op, k)})
@@ -106,7 +106,7 @@ def _parse_op(op_id: str, kv: dict[str, str]) -> Op:
         kind=OpKind(kv["kind"]),
         lane=kv["lane"],
         step=int(kv["step"]),
-        layer=int(kv["layer"]),
+        unit=int(kv["unit"]),
         work=Work(
             flops=float(kv.get("flops", 0)),
             attn_flops=float(kv.get("attn_flops", 0)),

@@ -1,6 +1,6 @@
 """The compute chain every schedule shares: forward, fused loss, checkpointed backward.
 
-Units ("layer" in op ids): 0 embedding, 1..n decoder layers, n+1 head. Every schedule uses
+Units ("unit" in op ids): 0 embedding, 1..n decoder layers, n+1 head. Every schedule uses
 sliding activation checkpointing: each decoder layer's input is saved (kept on the GPU, or copied
 to pinned CPU memory, or on to NVMe), brought back ahead of the backward, and the layer recomputed.
 Schedules differ in where weights come from and where gradients go; they plug in through the
@@ -88,7 +88,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         K.FWD,
         "gpu",
         step=step,
-        layer=0,
+        unit=0,
         work=Work(bytes=ctx.hidden_bytes),
         deps=[ctx.weights_ready.get(0)],
         acquire=["gpu_acts"],
@@ -102,7 +102,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
             K.FWD,
             "gpu",
             step=step,
-            layer=i,
+            unit=i,
             work=layer_work(m, c, backward=False),
             deps=[ctx.weights_ready.get(i)],
             acquire=["gpu_acts"],
@@ -118,7 +118,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         K.LOSS,
         "gpu",
         step=step,
-        layer=n + 1,
+        unit=n + 1,
         work=Work(
             flops=m.head_fwd_flops(*bs) + m.head_bwd_flops(*bs),
             bytes=m.head_elementwise_bytes(*bs),
@@ -145,7 +145,7 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             K.RECOMPUTE,
             "gpu",
             step=step,
-            layer=j,
+            unit=j,
             work=layer_work(m, c, backward=False),
             deps=[ctx.weights_ready.get(j), ctx.act_ready.pop(j)],
             acquire=["gpu_workspace"],
@@ -155,12 +155,12 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             K.BWD,
             "gpu",
             step=step,
-            layer=j,
+            unit=j,
             work=layer_work(m, c, backward=True),
             release=[ctx.workspace, ctx.act_gpu.pop(j)],
         )
         after_bwd(j)
-    b.emit(oid(0, "bwd"), K.BWD, "gpu", step=step, layer=0, work=Work(bytes=ctx.hidden_bytes))
+    b.emit(oid(0, "bwd"), K.BWD, "gpu", step=step, unit=0, work=Work(bytes=ctx.hidden_bytes))
     after_bwd(0)
 
 
@@ -189,7 +189,7 @@ def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:
         K.ACT_SAVE,
         "d2h",
         step=step,
-        layer=i,
+        unit=i,
         work=Work(bytes=hb),
         deps=[oid("fwd")],
         acquire=[home],
@@ -203,7 +203,7 @@ def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:
             K.NVME_WRITE,
             _drive(ctx, i),
             step=step,
-            layer=i,
+            unit=i,
             work=Work(bytes=hb),
             deps=[oid("act.save")],
             acquire=["nvme_acts"],
@@ -224,7 +224,7 @@ def read_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
         K.NVME_READ,
         _drive(ctx, j),
         step=step,
-        layer=j,
+        unit=j,
         work=Work(bytes=ctx.hidden_bytes),
         deps=[ctx.act_home_op[j]],
         acquire=["pinned_act_staging"],
@@ -244,7 +244,7 @@ def load_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
         K.ACT_LOAD,
         "h2d",
         step=step,
-        layer=j,
+        unit=j,
         work=Work(bytes=ctx.hidden_bytes),
         deps=[ctx.act_home_op.pop(j)],
         acquire=["gpu_acts"],
@@ -329,7 +329,7 @@ class OptimizerIo:
                 K.NVME_READ,
                 f"nvme{k}",
                 step=self.step,
-                layer=unit,
+                unit=unit,
                 work=Work(bytes=share),
                 deps=[ctx.last_update.get(unit)],
                 acquire=[f"opt_staging_{unit_group(ctx, unit)}"],
@@ -346,7 +346,7 @@ class OptimizerIo:
         ctx = self.ctx
         reads = self.prefetch(order, order.index(unit))
         op_id = ctx.sid(self.step, unit, "adam")
-        ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, layer=unit, work=adam_work(ctx, unit),
+        ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, unit=unit, work=adam_work(ctx, unit),
                    deps=[*deps, *reads], release=release)  # fmt: skip
         self.write_back(unit, op_id)
         ctx.last_update[unit] = op_id
@@ -364,7 +364,7 @@ class OptimizerIo:
                 K.NVME_WRITE,
                 f"nvme{k}",
                 step=self.step,
-                layer=unit,
+                unit=unit,
                 work=Work(bytes=share),
                 deps=[update_op],
                 release=[slot],

@@ -124,7 +124,7 @@ class _Micro:
             if self.last:
                 op_id = ctx.sid(step, unit, "gpu_adam")
                 ctx.b.emit(
-                    op_id, K.GPU_ADAM, "gpu", step=step, layer=unit, work=gpu_adam_work(ctx, unit)
+                    op_id, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit)
                 )
                 ctx.last_update[unit] = op_id
             return
@@ -134,7 +134,7 @@ class _Micro:
             K.D2H_GRAD,
             "d2h",
             step=step,
-            layer=unit,
+            unit=unit,
             work=Work(bytes=param_bytes(ctx, unit)),
             deps=[produced_by],
             acquire=[f"pinned_grads_{unit_group(ctx, unit)}"],
@@ -146,7 +146,7 @@ class _Micro:
                 K.GRAD_ACCUM,
                 "cpu",
                 step=step,
-                layer=unit,
+                unit=unit,
                 work=grad_accum_work(ctx, unit),
                 deps=[d2h],
                 release=[landing],
@@ -158,10 +158,10 @@ class _Micro:
         """GPU AdamW of a streamed unit, then its new BF16 weights (and maybe its state) go down."""
         ctx, step = self.ctx, self.step
         adam = ctx.sid(step, unit, "gpu_adam")
-        ctx.b.emit(adam, K.GPU_ADAM, "gpu", step=step, layer=unit, work=gpu_adam_work(ctx, unit),
+        ctx.b.emit(adam, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
                    deps=[ctx.opt_ready.pop(unit)])  # fmt: skip
         weights = ctx.sid(step, unit, "w.d2h")
-        ctx.b.emit(weights, K.W_D2H, "d2h", step=step, layer=unit,
+        ctx.b.emit(weights, K.W_D2H, "d2h", step=step, unit=unit,
                    work=Work(bytes=param_bytes(ctx, unit)), deps=[adam],
                    release=[ctx.unit_slot.pop(unit)])  # fmt: skip
         ctx.last_update[unit] = weights
@@ -239,7 +239,7 @@ class _StateTraffic:
     def _download(self, unit: int) -> None:
         ctx, step = self.ctx, self.step
         op_id = ctx.sid(step, unit, "opt.d2h")
-        ctx.b.emit(op_id, K.OPT_D2H, "d2h", step=step, layer=unit,
+        ctx.b.emit(op_id, K.OPT_D2H, "d2h", step=step, unit=unit,
                    work=Work(bytes=_state_bytes(ctx, unit)), deps=[ctx.sid(step, unit, "gpu_adam")],
                    release=[ctx.opt_slot.pop(unit)])  # fmt: skip
         ctx.state_ready[unit] = op_id
@@ -256,7 +256,7 @@ def _upload(
     pool: str,
 ) -> str:
     """An `h2d` copy of `nbytes` into a slot of `pool` once `after` is done; returns the slot."""
-    (slot,) = ctx.b.emit(op_id, kind, "h2d", step=step, layer=unit, work=Work(bytes=nbytes),
+    (slot,) = ctx.b.emit(op_id, kind, "h2d", step=step, unit=unit, work=Work(bytes=nbytes),
                          deps=[after], acquire=[pool])  # fmt: skip
     return slot
 

@@ -19,6 +19,7 @@ import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from slide_ir.graph import Graph, GraphInfo, Op, lane_kind, load_versioned
 
@@ -35,7 +36,7 @@ class Span:
     op_id: str
     kind: str
     lane: str
-    layer: int
+    unit: int
     step: int
     start: float
     end: float
@@ -47,8 +48,15 @@ class Span:
     @classmethod
     def of(cls, op: Op, start: float, end: float) -> Span:
         """The span of one op: both engines record them this way."""
-        return cls(op_id=op.id, kind=str(op.kind), lane=op.lane, layer=op.layer, step=op.step,
+        return cls(op_id=op.id, kind=str(op.kind), lane=op.lane, unit=op.unit, step=op.step,
                    start=start, end=end)  # fmt: skip
+
+
+def _span_from_dict(d: dict[str, Any]) -> Span:
+    """A saved span; traces written before ops had units call the field `layer`."""
+    if "layer" in d:
+        d = {**{k: v for k, v in d.items() if k != "layer"}, "unit": d["layer"]}
+    return Span(**d)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,7 +95,7 @@ class Trace:
     def from_json(cls, text: str) -> Trace:
         data = load_versioned(text, TRACE_VERSION, "trace")
         return cls(
-            spans=tuple(Span(**s) for s in data["spans"]),
+            spans=tuple(_span_from_dict(s) for s in data["spans"]),
             memory=tuple(MemorySample(**m) for m in data["memory"]),
             info=GraphInfo(**data["info"]),
             meta=data.get("meta", {}),
@@ -179,9 +187,9 @@ def _eta_terms(spans: Sequence[Span], steady: set[int], num_layers: int) -> dict
     """
     terms: dict[tuple[int, int], list[float]] = {}
     for s in spans:
-        if s.step not in steady or not 1 <= s.layer <= num_layers:
+        if s.step not in steady or not 1 <= s.unit <= num_layers:
             continue
-        t = terms.setdefault((s.step, s.layer), [0.0, 0.0, 0.0])
+        t = terms.setdefault((s.step, s.unit), [0.0, 0.0, 0.0])
         if s.kind in BWD_KINDS:
             t[0] += s.duration
         elif s.kind == "d2h_grad":
@@ -346,7 +354,7 @@ def _span_event(s: Span, tid: int) -> dict[str, object]:
         "cat": s.kind,
         "ts": s.start * 1e6,
         "dur": s.duration * 1e6,
-        "args": {"kind": s.kind, "layer": s.layer, "step": s.step},
+        "args": {"kind": s.kind, "unit": s.unit, "step": s.step},
     }
 
 

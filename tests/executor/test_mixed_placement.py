@@ -45,7 +45,7 @@ def _kinds_by_layer(result) -> dict[int, set[str]]:  # type: ignore[no-untyped-d
     out: dict[int, set[str]] = {}
     for span in result.trace.spans:
         if span.step == 1:
-            out.setdefault(span.layer, set()).add(span.kind)
+            out.setdefault(span.unit, set()).add(span.kind)
     return out
 
 

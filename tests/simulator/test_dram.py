@@ -16,7 +16,7 @@ INFO = GraphInfo(schedule="sliding", model="m", machine="m", batch=1, seq=8, ste
 
 def _span(op_id: str, lane: str, start: float, end: float) -> Span:
     kind = {"cpu": OpKind.ADAM, "h2d": OpKind.H2D_PARAM, "d2h": OpKind.D2H_GRAD}[lane]
-    return Span(op_id=op_id, kind=str(kind), lane=lane, layer=1, step=1, start=start, end=end)
+    return Span(op_id=op_id, kind=str(kind), lane=lane, unit=1, step=1, start=start, end=end)
 
 
 def test_load_is_the_mean_busy_share_of_both_link_lanes_over_the_span():
@@ -43,7 +43,7 @@ def test_updates_beside_a_quiet_link_run_faster_than_the_full_load_price(pure_3b
     p, costs = pure_3b_b16
     full = simulate(p.graph, costs)
     shared = simulate_shared_dram(p.graph, costs)
-    adam = [op for op in p.graph.ops if op.kind == OpKind.ADAM and 1 <= op.layer <= 28]
+    adam = [op for op in p.graph.ops if op.kind == OpKind.ADAM and 1 <= op.unit <= 28]
     durations = {s.op_id: s.end - s.start for s in shared.spans}
     loads = dma_loads(shared, [op.id for op in adam])
     for op in adam:

@@ -23,12 +23,12 @@ RING = (
     + """
 pool units tier=gpu slots=2 slot_bytes=100 static=0
 pool master tier=cpu slots=1 slot_bytes=400 static=1
-op L1.h2d kind=h2d_param lane=h2d step=1 layer=1 acquires=units.0
-op L2.h2d kind=h2d_param lane=h2d step=1 layer=2 acquires=units.1
-op L1.fwd kind=fwd lane=gpu step=1 layer=1 deps=L1.h2d releases=units.0
-op L3.h2d kind=h2d_param lane=h2d step=1 layer=3 deps=L1.fwd acquires=units.0
-op L2.fwd kind=fwd lane=gpu step=1 layer=2 deps=L2.h2d releases=units.1
-op L3.fwd kind=fwd lane=gpu step=1 layer=3 deps=L3.h2d releases=units.0
+op L1.h2d kind=h2d_param lane=h2d step=1 unit=1 acquires=units.0
+op L2.h2d kind=h2d_param lane=h2d step=1 unit=2 acquires=units.1
+op L1.fwd kind=fwd lane=gpu step=1 unit=1 deps=L1.h2d releases=units.0
+op L3.h2d kind=h2d_param lane=h2d step=1 unit=3 deps=L1.fwd acquires=units.0
+op L2.fwd kind=fwd lane=gpu step=1 unit=2 deps=L2.h2d releases=units.1
+op L3.fwd kind=fwd lane=gpu step=1 unit=3 deps=L3.h2d releases=units.0
 """
 )
 
@@ -67,12 +67,12 @@ OVERLAP = (
     HEADER.format(steps=1, layers=2)
     + """
 pool grads tier=pinned slots=1 slot_bytes=50 static=0
-op L2.bwd kind=bwd lane=gpu step=1 layer=2
-op L2.g.d2h kind=d2h_grad lane=d2h step=1 layer=2 deps=L2.bwd acquires=grads.0
-op L1.bwd kind=bwd lane=gpu step=1 layer=1
-op L2.adam kind=adam lane=cpu step=1 layer=2 deps=L2.g.d2h releases=grads.0
-op L1.g.d2h kind=d2h_grad lane=d2h step=1 layer=1 deps=L1.bwd,L2.adam acquires=grads.0
-op L1.adam kind=adam lane=cpu step=1 layer=1 deps=L1.g.d2h releases=grads.0
+op L2.bwd kind=bwd lane=gpu step=1 unit=2
+op L2.g.d2h kind=d2h_grad lane=d2h step=1 unit=2 deps=L2.bwd acquires=grads.0
+op L1.bwd kind=bwd lane=gpu step=1 unit=1
+op L2.adam kind=adam lane=cpu step=1 unit=2 deps=L2.g.d2h releases=grads.0
+op L1.g.d2h kind=d2h_grad lane=d2h step=1 unit=1 deps=L1.bwd,L2.adam acquires=grads.0
+op L1.adam kind=adam lane=cpu step=1 unit=1 deps=L1.g.d2h releases=grads.0
 """
 )
 
@@ -123,7 +123,7 @@ def _random_graph(seed: int, n: int = 60) -> Graph:
                 kind=OpKind.H2D_PARAM,
                 lane="h2d",
                 step=1,
-                layer=1,
+                unit=1,
                 deps=tuple(dict.fromkeys(deps)),
                 acquires=(slot,),
             )
@@ -132,7 +132,7 @@ def _random_graph(seed: int, n: int = 60) -> Graph:
                 kind=OpKind.FWD,
                 lane="gpu",
                 step=1,
-                layer=1,
+                unit=1,
                 deps=(up.id,),
                 releases=(slot,),
             )
@@ -145,7 +145,7 @@ def _random_graph(seed: int, n: int = 60) -> Graph:
                 kind=OpKind.FWD,
                 lane=rng.choice(lanes),
                 step=1,
-                layer=1,
+                unit=1,
                 deps=tuple(dict.fromkeys(deps)),
             )
         )

@@ -64,10 +64,10 @@ def test_hand_timed_schedule():
     g = parse_graph(
         """
 info schedule=sliding model=m machine=m batch=1 seq=8 steps=1 grad_accum=1 num_layers=1 params=1 flops_per_step=1
-op s1.L1.fwd kind=fwd lane=gpu step=1 layer=1
-op s1.L1.w.h2d kind=h2d_param lane=h2d step=1 layer=1 deps=s1.L1.fwd
-op s1.L1.bwd kind=bwd lane=gpu step=1 layer=1 deps=s1.L1.w.h2d
-op s1.L0.w.h2d kind=h2d_param lane=h2d step=1 layer=0
+op s1.L1.fwd kind=fwd lane=gpu step=1 unit=1
+op s1.L1.w.h2d kind=h2d_param lane=h2d step=1 unit=1 deps=s1.L1.fwd
+op s1.L1.bwd kind=bwd lane=gpu step=1 unit=1 deps=s1.L1.w.h2d
+op s1.L0.w.h2d kind=h2d_param lane=h2d step=1 unit=0
 """
     )
     costs = FixedCosts(seconds_by_id={"s1.L1.fwd": 3.0, "s1.L1.w.h2d": 2.0, "s1.L0.w.h2d": 1.0})

@@ -50,7 +50,7 @@ ATTN = 50e12  # the toy GPU's attention_tflops
 
 
 def _op(kind, lane="gpu", **work):
-    return Op(id="x", kind=kind, lane=lane, step=1, layer=1, work=Work(**work))
+    return Op(id="x", kind=kind, lane=lane, step=1, unit=1, work=Work(**work))
 
 
 def test_every_kind_has_a_handler():
@@ -124,16 +124,16 @@ def test_measured_kernel_rates_and_loaded_dram_replace_the_roofline() -> None:
     )
     cpu = replace(MACHINE.cpu, dram_under_dma_bytes_per_s=5.6e10)
     cm = CostModel(replace(MACHINE, gpu=gpu, cpu=cpu), efficiency=Efficiency(launch_s=0.0))
-    loss = Op(id="s1.L3.loss", kind=OpKind.LOSS, lane="gpu", step=1, layer=3,
+    loss = Op(id="s1.L3.loss", kind=OpKind.LOSS, lane="gpu", step=1, unit=3,
               work=Work(flops=1e12, bytes=1e9, elements=8e9))  # fmt: skip
     assert cm.seconds(loss) == pytest.approx(8e9 / 4e11)
-    fwd = Op(id="s1.L1.fwd", kind=OpKind.FWD, lane="gpu", step=1, layer=1,
+    fwd = Op(id="s1.L1.fwd", kind=OpKind.FWD, lane="gpu", step=1, unit=1,
              work=Work(flops=1e12, bytes=1e9))  # fmt: skip
     assert cm.seconds(fwd) == pytest.approx(1e12 / 100e12 + 1e9 / 5e11)
-    gpu_adam = Op(id="s1.L1.gpu_adam", kind=OpKind.GPU_ADAM, lane="gpu", step=1, layer=1,
+    gpu_adam = Op(id="s1.L1.gpu_adam", kind=OpKind.GPU_ADAM, lane="gpu", step=1, unit=1,
                   work=Work(bytes=40e8, elements=1e8))  # fmt: skip
     assert cm.seconds(gpu_adam) == pytest.approx(1e8 / 2e10)
-    adam = Op(id="s1.L1.adam", kind=OpKind.ADAM, lane="cpu", step=1, layer=1,
+    adam = Op(id="s1.L1.adam", kind=OpKind.ADAM, lane="cpu", step=1, unit=1,
               work=Work(bytes=28e8, elements=1e8))  # fmt: skip
     # 10 cores x 1e8 = 1e9/s, capped by 5.6e10 / 28 = 2e9/s: core-bound either way; lower the
     # cores' rate bound above the DMA share to see the share decide

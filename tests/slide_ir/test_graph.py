@@ -21,10 +21,10 @@ TINY = """
 info schedule=sliding model=tiny machine=m batch=1 seq=8 steps=1 grad_accum=1 num_layers=2 params=100 flops_per_step=1e9
 pool units tier=gpu slots=1 slot_bytes=64 static=0
 pool master tier=cpu slots=2 slot_bytes=400 static=1
-op s1.L1.w.h2d kind=h2d_param lane=h2d step=1 layer=1 bytes=64 acquires=units.0
-op s1.L1.fwd kind=fwd lane=gpu step=1 layer=1 flops=5e8 deps=s1.L1.w.h2d releases=units.0
-op s1.L2.w.h2d kind=h2d_param lane=h2d step=1 layer=2 bytes=64 deps=s1.L1.fwd acquires=units.0
-op s1.L2.fwd kind=fwd lane=gpu step=1 layer=2 flops=5e8 deps=s1.L2.w.h2d releases=units.0
+op s1.L1.w.h2d kind=h2d_param lane=h2d step=1 unit=1 bytes=64 acquires=units.0
+op s1.L1.fwd kind=fwd lane=gpu step=1 unit=1 flops=5e8 deps=s1.L1.w.h2d releases=units.0
+op s1.L2.w.h2d kind=h2d_param lane=h2d step=1 unit=2 bytes=64 deps=s1.L1.fwd acquires=units.0
+op s1.L2.fwd kind=fwd lane=gpu step=1 unit=2 flops=5e8 deps=s1.L2.w.h2d releases=units.0
 """
 
 
@@ -43,7 +43,7 @@ def test_networkx_view_has_dependency_and_lane_edges():
 
 
 def _op(op_id, **kw):
-    base = {"kind": OpKind.FWD, "lane": "gpu", "step": 1, "layer": 1}
+    base = {"kind": OpKind.FWD, "lane": "gpu", "step": 1, "unit": 1}
     return Op(id=op_id, **{**base, **kw})
 
 
