@@ -8,7 +8,7 @@ no mutable bookkeeping: a handler reads its `Bind` and touches exactly those buf
 Gradient write modes: a unit's parameter gradients are overwritten by the first op that writes
 them in a micro-batch, and added to by later ones (a tied embedding gets the LM head's gradient
 at LOSS, then the lookup's at the embedding's backward); units whose device gradients persist
-across micro-batches (resident, ZeRO-offload, gpu-only) add from the second micro-batch on.
+across micro-batches (resident, gpu-only) add from the second micro-batch on.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class _Binder:
 
     def grads_mode(self, unit: int) -> bool:
         """True: add into the unit's gradients; False: overwrite them. Records the write."""
-        persists = not self.placement.is_sliding(unit)
+        persists = self.placement.grads_persist(unit)
         acc = unit in self.written or (persists and self.micro > 0)
         self.written.add(unit)
         return acc
@@ -92,7 +92,7 @@ class _Binder:
 
     # -- compute -------------------------------------------------------------------------------
     def _fwd(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         if u == 0:
             self.micro = 0 if op.step != self.step else self.micro + 1
             self.step = op.step
@@ -103,11 +103,11 @@ class _Binder:
         return Bind(unit=u, weights=self.where[u], x_in=x_in, x_out=out, **self.micro_fields())
 
     def _recompute(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         return Bind(unit=u, weights=self.where[u], x_in=self.act[u], **self.micro_fields())
 
     def _bwd(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         self.act.pop(u, None)
         return Bind(
             unit=u,
@@ -119,7 +119,7 @@ class _Binder:
         )
 
     def _loss(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         return Bind(
             unit=u,
             weights=self.where[u],
@@ -132,20 +132,20 @@ class _Binder:
         )
 
     def _gpu_adam(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         if u in self.placement.streamed:  # src: the GPU slot its state was uploaded to
             return Bind(unit=u, weights=self.where[u], src=self.opt_slot[u])
         return Bind(unit=u, weights=f"gpu.{u}")
 
     # -- transfers -----------------------------------------------------------------------------
     def _h2d_param(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         if op.acquires:
             self.where[u] = op.acquires[0]
         return Bind(unit=u, src=f"bf16.{u}", dst=self.where[u])
 
     def _d2h_grad(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         src = self.where[u]
         if self.placement.is_sliding(u):
             del self.where[u]  # the op releases the unit's device slot
@@ -154,36 +154,36 @@ class _Binder:
         return Bind(unit=u, src=src, dst=dst)
 
     def _opt_h2d(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         self.opt_slot[u] = op.acquires[0]
         return Bind(unit=u, dst=op.acquires[0])
 
     def _opt_d2h(self, op: Op) -> Bind:
-        return Bind(unit=op.unit, src=self.opt_slot.pop(op.unit))
+        return Bind(unit=op.layer, src=self.opt_slot.pop(op.layer))
 
     def _w_d2h(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         return Bind(unit=u, src=self.where.pop(u), dst=f"bf16.{u}")
 
     def _act_save(self, op: Op) -> Bind:
-        src, dst = self.act.pop(op.unit), op.acquires[0]
-        self.home[op.unit] = dst
-        return Bind(unit=op.unit, src=src, dst=dst)
+        src, dst = self.act.pop(op.layer), op.acquires[0]
+        self.home[op.layer] = dst
+        return Bind(unit=op.layer, src=src, dst=dst)
 
     def _act_load(self, op: Op) -> Bind:
-        src, dst = self.home.pop(op.unit), op.acquires[0]
-        self.act[op.unit] = dst
-        return Bind(unit=op.unit, src=src, dst=dst)
+        src, dst = self.home.pop(op.layer), op.acquires[0]
+        self.act[op.layer] = dst
+        return Bind(unit=op.layer, src=src, dst=dst)
 
     # -- optimizer -----------------------------------------------------------------------------
     def _grad_accum(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         first = (op.step, u) not in self.accum_started
         self.accum_started.add((op.step, u))
         return Bind(unit=u, src=self.landed.pop(u), dst=f"accum.{u}", first=first)
 
     def _adam(self, op: Op) -> Bind:
-        u = op.unit
+        u = op.layer
         accum = f"accum.{u}" if (op.step, u) in self.accum_started else ""
         stripes = self.staging.pop(u, {})
         return Bind(
@@ -195,11 +195,11 @@ class _Binder:
         )
 
     def _cast(self, op: Op) -> Bind:
-        return Bind(unit=op.unit, src=f"master.{op.unit}", dst=f"bf16.{op.unit}")
+        return Bind(unit=op.layer, src=f"master.{op.layer}", dst=f"bf16.{op.layer}")
 
     # -- NVMe ----------------------------------------------------------------------------------
     def _nvme_write(self, op: Op) -> Bind:
-        u, drive = op.unit, _drive(op)
+        u, drive = op.layer, _drive(op)
         staging = _freed(op, "opt_staging_")
         if staging is not None:  # optimizer state back to its stripe
             return Bind(unit=u, src=staging, drive=drive)
@@ -208,7 +208,7 @@ class _Binder:
         return Bind(unit=u, src=src, dst=dst, drive=drive)
 
     def _nvme_read(self, op: Op) -> Bind:
-        u, drive = op.unit, _drive(op)
+        u, drive = op.layer, _drive(op)
         if any(slot_pool(s).startswith("opt_staging_") for s in op.acquires):
             dst = _taken(op, "opt_staging_")
             self.staging.setdefault(u, {})[drive] = dst

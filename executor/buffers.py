@@ -23,11 +23,14 @@ from executor.layout import UnitLayout
 from executor.nvme_io import aligned_empty
 from slide_ir.graph import Graph, Pool, Tier
 from slide_ir.model import ModelSpec
+from slide_ir.zero_offload import BUCKET_POOL, WHOLE_POOL, GradBucket
 
 log = logging.getLogger("executor.buffers")
 
 # not buffers of the run: the runtime, workspaces torch allocates, the final state's host copy
-NOT_ALLOCATED = ("gpu_context", "host_runtime", "gpu_workspace", "gpu_lce", "host_handback")
+NOT_ALLOCATED = ("gpu_context", "host_runtime", "gpu_workspace", "gpu_lce", "host_handback",
+                 # DeepSpeed's accumulation staging, which ZeRO-offload's ledger counts: unused here
+                 "gpu_offload_staging", "host_offload_staging")
 # host pools the NVMe lanes read and write with O_DIRECT: allocated 4096-byte aligned
 NVME_STAGING = ("opt_staging_", "pinned_act_staging")
 
@@ -75,6 +78,11 @@ class Placement:
     def is_sliding(self, unit: int) -> bool:
         return self.schedule == "sliding" and unit not in self.resident
 
+    def grads_persist(self, unit: int) -> bool:
+        """The unit's device gradients outlive a micro-batch (ZeRO-offload's go down in
+        buckets and their memory is reused)."""
+        return self.schedule != "zero-offload" and not self.is_sliding(unit)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Setup:
@@ -90,6 +98,7 @@ class Setup:
     pin: bool  # pinned host memory (CUDA only)
     stripes: int  # NVMe drives the optimizer state is striped over (0: none)
     opt_on_nvme: tuple[str, ...] = ()  # which of "master", "moments" live on NVMe
+    grad_buckets: tuple[GradBucket, ...] = ()  # ZeRO-offload: where each unit's gradient sits
 
 
 def _host_empty(numel: int, dtype: torch.dtype, aligned: bool) -> torch.Tensor:
@@ -263,12 +272,12 @@ class _Allocator:
             state = _dev_opt_state(s, numel)
             self.put(pool, f"devopt.{unit}", state, numel * (4 + 2 * s.moments_dtype.itemsize))
 
-    def flat_model(self, pool: Pool, prefix: str, on_device: bool) -> None:
+    def flat_model(self, pool: Pool, prefix: str, on_device: bool, dtype: torch.dtype) -> None:
         """ZeRO-offload's whole-model buffers, viewed per unit."""
         s = self.s
         total = sum(self.numel(u) for u in s.placement.units)
-        big = _dev(s, total, s.dtype) if on_device else self.host(pool, total, s.dtype)
-        self.out.allocated[pool.name] = total * s.dtype.itemsize
+        big = _dev(s, total, dtype) if on_device else self.host(pool, total, dtype)
+        self.out.allocated[pool.name] = total * dtype.itemsize
         offset = 0
         for unit in s.placement.units:
             n = self.numel(unit)
@@ -303,7 +312,7 @@ class _Allocator:
             self.resident(pool, self.group(pool, sorted(s.placement.resident)))
         elif name == "gpu_state":
             self.resident(pool, list(s.placement.units))
-        elif name in ("gpu_params", "gpu_grads", "pinned_grads", "pinned_bf16"):
+        elif name in ("gpu_params", BUCKET_POOL, WHOLE_POOL, "pinned_grads", "pinned_bf16"):
             self.zero_offload(pool)
         elif name.startswith(("nvme_", "opt_staging_")):
             self.nvme(pool)
@@ -311,12 +320,24 @@ class _Allocator:
             raise RuntimeError(f"the executor has no allocator for pool {name!r}")
 
     def zero_offload(self, pool: Pool) -> None:
-        prefix = {"gpu_params": "zo_w", "gpu_grads": "zo_g", "pinned_grads": "landing"}
-        self.flat_model(pool, prefix.get(pool.name, "bf16"), pool.name.startswith("gpu_"))
-        if pool.name == "gpu_grads":  # both halves exist now: pair them per unit
-            for unit in self.s.placement.units:
-                w, g = self.out.items.pop(f"zo_w.{unit}"), self.out.items.pop(f"zo_g.{unit}")
-                self.out.items[f"gpu.{unit}"] = GpuUnit(w=w, g=g)  # type: ignore[arg-type]
+        """Whole-model weights (device), FP32 gradient landing and BF16 copy (pinned), viewed
+        per unit; the reduce bucket and the slot for gradients kept whole (device), each unit's
+        gradient a view at its place in them (`slide_ir.zero_offload.grad_buckets`)."""
+        s, name = self.s, pool.name
+        if name in (BUCKET_POOL, WHOLE_POOL):
+            numel = pool.slot_bytes // 2  # the ledger's BF16 bytes
+            self.put(pool, name, _dev(s, numel, s.dtype), numel * s.dtype.itemsize)
+        else:
+            prefix = {"gpu_params": "zo_w", "pinned_grads": "landing"}.get(name, "bf16")
+            dtype = torch.float32 if name == "pinned_grads" else s.dtype
+            self.flat_model(pool, prefix, name.startswith("gpu_"), dtype)
+        if name == BUCKET_POOL:  # pools come weights, whole slot, bucket: pair them per unit
+            for b in s.grad_buckets:
+                slot = self.out.items[b.pool]
+                for unit, offset in zip(b.units, b.offsets, strict=True):
+                    g = slot[offset : offset + self.numel(unit)]  # type: ignore[index]
+                    w = self.out.items.pop(f"zo_w.{unit}")
+                    self.out.items[f"gpu.{unit}"] = GpuUnit(w=w, g=g)  # type: ignore[arg-type]
 
     def nvme(self, pool: Pool) -> None:
         """NVMe regions are files (see `nvme`); only the host staging ring is allocated here,

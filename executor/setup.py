@@ -28,6 +28,7 @@ from slide_ir.graph import Graph, OpKind, Tier, slot_pool
 from slide_ir.ledger import lce_chunk_tokens, resident_preference
 from slide_ir.planner import Plan
 from slide_ir.trace import MemorySample
+from slide_ir.zero_offload import grad_buckets
 
 
 @dataclass(kw_only=True)
@@ -169,6 +170,7 @@ def _setup(p: Plan, device: torch.device, dtype: torch.dtype) -> Setup:
         pin=device.type == "cuda",
         stripes=len(p.machine.nvme) if c.optimizer != "cpu" else 0,
         opt_on_nvme=opt_on_nvme[c.optimizer],
+        grad_buckets=grad_buckets(spec, c) if c.schedule == "zero-offload" else (),
     )
 
 

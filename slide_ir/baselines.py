@@ -1,8 +1,14 @@
 """The schedules Slide is compared with, on the same compute chain as the sliding one.
 
-- `zero-offload`: BF16 weights and grads stay on the GPU; after the full backward every gradient
-  goes down, then every unit is updated on the CPU, then every weight goes up, then the next
-  forward starts. Nothing overlaps the update: the baseline the overlap's gain is measured on.
+- `zero-offload`: DeepSpeed ZeRO-2 with CPU offload on one GPU, as DeepSpeed runs it
+  (`slide_ir.zero_offload`): BF16 weights stay on the GPU; gradients go down in reduce buckets as
+  the backward produces them, each flush on the compute stream (the `gpu` lane: DeepSpeed's
+  default without overlap_comm), as FP32 into a pinned host buffer; after the backward, the CPU
+  updates every unit, casts every master to BF16, and every weight goes up; then the next
+  forward starts. Nothing of the update overlaps: the baseline the overlap's gain is measured on.
+  With several micro-batches, the earlier ones' buckets are added into host FP32 accumulators
+  on the `cpu` lane (DeepSpeed accumulates through the GPU instead: an upload, an add and a
+  download per parameter and micro-batch; the link bytes are the same).
 - `gpu-only`: weights, grads, master and moments all on the GPU; a GPU AdamW after the backward.
   When it fits, it is the no-offload reference (the compute-only peak).
 """
@@ -10,6 +16,7 @@
 from __future__ import annotations
 
 from slide_ir.graph import OpKind, Work
+from slide_ir.ledger import FP32
 from slide_ir.schedules import (
     Ctx,
     OptimizerIo,
@@ -19,6 +26,7 @@ from slide_ir.schedules import (
     param_bytes,
     prefetch_activations,
 )
+from slide_ir.zero_offload import GradBucket, grad_buckets, grad_order, unit_elements
 
 K = OpKind
 
@@ -33,38 +41,79 @@ def _compute(ctx: Ctx, step: int, micro: int) -> None:
     backward(ctx, step, micro, lambda j: prefetch_activations(ctx, step, micro, j), lambda u: None)
 
 
+class _Flushes:
+    """Emits each bucket's downloads once its last unit's gradient is complete."""
+
+    def __init__(self, ctx: Ctx, step: int, micro: int, buckets: tuple[GradBucket, ...]) -> None:
+        self.ctx, self.step, self.micro = ctx, step, micro
+        self.closing = {b.last: b for b in buckets}
+        self.landed: dict[int, str] = {}  # unit -> its d2h op this micro-batch
+        self.accumulated: dict[int, str] = {}  # unit -> grad_accum op of the previous micro
+
+    def after(self, unit: int) -> None:
+        """Unit `unit`'s gradient is complete (its backward, or the loss for the head)."""
+        bucket = self.closing.get(unit)
+        if bucket is None:
+            return
+        ctx = self.ctx
+        for u in bucket.units:
+            op_id = ctx.oid(self.step, self.micro, u, "g.d2h")
+            producer = ctx.oid(self.step, self.micro, u, "loss" if u == ctx.n + 1 else "bwd")
+            ctx.b.emit(op_id, K.D2H_GRAD, "gpu", step=self.step, layer=u,
+                       work=Work(bytes=unit_elements(ctx.model, u) * FP32),
+                       deps=[producer, self.accumulated.get(u)])  # fmt: skip
+            self.landed[u] = op_id
+
+
+def _micro_batch(ctx: Ctx, step: int, micro: int, buckets: tuple[GradBucket, ...],
+                 accumulated: dict[int, str]) -> dict[int, str]:  # fmt: skip
+    """Forward and backward of one micro-batch with its flushes; returns unit -> its d2h."""
+    flushes = _Flushes(ctx, step, micro, buckets)
+    flushes.accumulated = accumulated
+    forward(ctx, step, micro, lambda u: None)
+    flushes.after(ctx.n + 1)
+    backward(ctx, step, micro, lambda j: prefetch_activations(ctx, step, micro, j), flushes.after)
+    return flushes.landed
+
+
+def _accumulate(ctx: Ctx, step: int, micro: int, landed: dict[int, str]) -> dict[int, str]:
+    """Add a micro-batch's landed gradients into the host accumulators (not the last one's:
+    the update adds those)."""
+    out = {}
+    for u in grad_order(ctx.model):
+        if u not in landed:
+            continue
+        op_id = ctx.oid(step, micro, u, "grad_accum")
+        p = unit_elements(ctx.model, u)
+        ctx.b.emit(op_id, K.GRAD_ACCUM, "cpu", step=step, layer=u,
+                   work=Work(elements=p, bytes=p * 3 * FP32), deps=[landed[u]])  # fmt: skip
+        out[u] = op_id
+    return out
+
+
 def emit_zero_offload(ctx: Ctx) -> None:
-    c = ctx.config
+    c, model = ctx.config, ctx.model
+    buckets = grad_buckets(model, c)
+    units = [u for u in grad_order(model) if unit_elements(model, u)]
     for step in range(1, c.steps + 1):
+        accumulated: dict[int, str] = {}
         for micro in range(c.grad_accum):
-            _compute(ctx, step, micro)
-        io, units = OptimizerIo(ctx, step), _units(ctx)
-        last_bwd = ctx.oid(step, c.grad_accum - 1, 0, "bwd")
-        for u in units:
-            ctx.b.emit(
-                ctx.sid(step, u, "g.d2h"),
-                K.D2H_GRAD,
-                "d2h",
-                step=step,
-                unit=u,
-                work=Work(bytes=param_bytes(ctx, u)),
-                deps=[last_bwd],
-            )
-        all_down = ctx.sid(step, units[-1], "g.d2h")
+            landed = _micro_batch(ctx, step, micro, buckets, accumulated)
+            if micro < c.grad_accum - 1:
+                accumulated = _accumulate(ctx, step, micro, landed)
+        io = OptimizerIo(ctx, step)
+        all_down = landed[units[-1]]  # DeepSpeed's norm reads (.item()) wait for every copy
         for u in units:
             io.update(units, u, deps=[all_down])
-        all_updated = ctx.sid(step, units[-1], "adam")
+        for u in units:  # DeepSpeed casts the whole FP32 partition into the pinned BF16 buffer
+            p = unit_elements(model, u)
+            ctx.b.emit(ctx.sid(step, u, "cast"), K.CAST, "cpu", step=step, layer=u,
+                       work=Work(elements=p, bytes=p * (FP32 + 2)))  # fmt: skip
+        all_cast = ctx.sid(step, units[-1], "cast")
         for u in units:
             op_id = ctx.sid(step, u, "w.h2d")
-            ctx.b.emit(
-                op_id,
-                K.H2D_PARAM,
-                "h2d",
-                step=step,
-                unit=u,
-                work=Work(bytes=param_bytes(ctx, u)),
-                deps=[all_updated],
-            )
+            ctx.b.emit(op_id, K.H2D_PARAM, "h2d", step=step, layer=u,
+                       work=Work(bytes=param_bytes(ctx, u)), deps=[all_cast])  # fmt: skip
             ctx.weights_ready[u] = op_id
 
 
@@ -79,6 +128,6 @@ def emit_gpu_only(ctx: Ctx) -> None:
                 K.GPU_ADAM,
                 "gpu",
                 step=step,
-                unit=u,
+                layer=u,
                 work=gpu_adam_work(ctx, u),
             )

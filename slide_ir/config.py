@@ -62,6 +62,8 @@ class TrainConfig:
     host_margin: float = 0.05
     clip: str = "none"
     clip_norm: float = 1.0
+    # zero-offload: DeepSpeed's reduce_bucket_size, in elements (its default; see zero_offload)
+    reduce_bucket: int = 500_000_000
 
     def __post_init__(self) -> None:
         for name in ("batch", "seq", "steps", "grad_accum"):
@@ -100,6 +102,7 @@ class TrainConfig:
         _positive("lce_budget_bytes", self.lce_budget_bytes)
         if self.cpu_threads is not None:
             _positive("cpu_threads", self.cpu_threads)
+        _positive("reduce_bucket", self.reduce_bucket)
         _choice("clip", self.clip, CLIP_MODES)
         if not self.clip_norm > 0:
             raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")

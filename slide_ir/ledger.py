@@ -21,6 +21,7 @@ from slide_ir.config import TrainConfig
 from slide_ir.graph import Pool, Tier
 from slide_ir.hardware import Machine
 from slide_ir.model import ModelSpec
+from slide_ir.zero_offload import BUCKET_POOL, WHOLE_POOL, largest_param, whole_slot_elements
 
 GIB = 1 << 30
 # CUDA context, cuBLAS/cuDNN workspaces and allocator slack: typical for torch on one GPU.
@@ -192,7 +193,11 @@ def gpu_budget(machine: Machine, config: TrainConfig) -> float:
     return (1.0 - config.gpu_margin) * gpu_capacity(machine, config)
 
 
-def _common_gpu_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+def _common_gpu_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, flush: tuple[int, str] = (0, "")
+) -> None:
+    """`flush`: bytes and formula of other scratch of the `gpu` lane that the workspace serves
+    too (ZeRO-Offload's per-parameter gradient copies at a bucket flush)."""
     b, s, h = config.batch, config.seq, model.hidden_size
     hidden = b * s * h * BF16
     terms.add(
@@ -227,10 +232,11 @@ def _common_gpu_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> N
         "gpu_workspace",
         Tier.GPU,
         1,
-        max(layer, lce),
+        max(layer, lce, flush[0]),
         "compute workspace (layer or fused LCE)",
         f"max(one layer's recompute+backward at b{b} s{s} = {layer / 1e9:.2f} GB, "
-        f"{chunk}-token bf16 logits chunk + bf16 LM-head and hidden grads = {lce / 1e9:.2f} GB)",
+        f"{chunk}-token bf16 logits chunk + bf16 LM-head and hidden grads = {lce / 1e9:.2f} GB"
+        f"{flush[1]})",
     )
 
 
@@ -409,19 +415,27 @@ def _sliding_terms(
             f"{k} x {q:.4g} params x 2 B",
             static=True,
         )
-        if config.grad_accum > 1:
-            terms.add(
-                f"grad_accum_{group}",
-                Tier.CPU,
-                k,
-                q * FP32,
-                "fp32 gradient accumulators",
-                f"{k} x {q:.4g} params x 4 B",
-                static=True,
-            )
+    _grad_accum_terms(terms, model, config, sliding)
     _optimizer_terms(terms, model, config, host_updated, drives)
     _optimizer_terms(terms, model, config, list(streamed), drives, pinned=True)
     _host_terms(terms)
+
+
+def _grad_accum_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, units: list[int]) -> None:
+    """FP32 accumulators on the host for the gradients of several micro-batches."""
+    if config.grad_accum == 1:
+        return
+    for group, members in _unit_groups(model, units):
+        q, k = unit_params(model, members[0]), len(members)
+        terms.add(
+            f"grad_accum_{group}",
+            Tier.CPU,
+            k,
+            q * FP32,
+            "fp32 gradient accumulators",
+            f"{k} x {q:.4g} params x 4 B",
+            static=True,
+        )
 
 
 def landing_buffers(config: TrainConfig, host_layers: int, *, gpu_updated: bool) -> int:
@@ -458,24 +472,33 @@ def _streamed_staging_terms(
 
 
 def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, drives: int) -> None:
-    """ZeRO-Offload style: all BF16 weights and grads on the GPU, optimizer on the CPU, every
-    gradient downloaded after the full backward."""
-    n_all = model.total_params
-    _common_gpu_terms(terms, model, config)
+    """DeepSpeed ZeRO-2 with CPU offload (`slide_ir.zero_offload`): BF16 weights on the GPU,
+    gradients through one reduce bucket (and one slot for a gradient kept whole) into a pinned
+    FP32 gradient buffer, master and moments on the host, a pinned BF16 copy for the upload."""
+    n_all, big, bucket = model.total_params, largest_param(model), config.reduce_bucket
+    # a flush casts each parameter's gradient to FP64 (its norm), then to FP32 (the copy down),
+    # one parameter at a time on the compute stream, between layers: the workspace serves it
+    flush = (big * 8, f", fp64 copy of the largest parameter's gradient = {big * 8 / 1e9:.2f} GB")
+    _common_gpu_terms(terms, model, config, flush)
     _activation_terms(terms, model, config)
     terms.add(
         "gpu_params", Tier.GPU, 1, n_all * BF16, "bf16 weights", f"{n_all:.4g} x 2 B", static=True
     )
-    terms.add(
-        "gpu_grads", Tier.GPU, 1, n_all * BF16, "bf16 gradients", f"{n_all:.4g} x 2 B", static=True
-    )
+    whole = whole_slot_elements(model, config)  # before the bucket: the executor pairs there
+    terms.add(WHOLE_POOL, Tier.GPU, 1, whole * BF16, "gradients kept out of the bucket (bf16)",
+              f"{whole:.4g} params x 2 B", static=True)  # fmt: skip
+    terms.add(BUCKET_POOL, Tier.GPU, 1, bucket * BF16, "gradient reduce bucket (bf16)",
+              f"reduce_bucket {bucket:.4g} x 2 B", static=True)  # fmt: skip
+    terms.add("gpu_offload_staging", Tier.GPU, 1, big * BF16,
+              "offload staging (largest param, bf16)", f"{big:.4g} x 2 B",
+              static=True)  # fmt: skip
     terms.add(
         "pinned_grads",
         Tier.PINNED,
         1,
-        n_all * BF16,
-        "gradient landing (pinned)",
-        f"{n_all:.4g} x 2 B",
+        n_all * FP32,
+        "fp32 gradients (pinned)",
+        f"{n_all:.4g} x 4 B",
         static=True,
     )
     terms.add(
@@ -487,6 +510,10 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
         f"{n_all:.4g} x 2 B",
         static=True,
     )
+    terms.add("host_offload_staging", Tier.PINNED, 1, big * BF16,
+              "offload staging (pinned)", f"{big:.4g} x 2 B",
+              static=True)  # fmt: skip
+    _grad_accum_terms(terms, model, config, list(resident_preference(model)))
     _optimizer_terms(terms, model, config, list(resident_preference(model)), drives)
     _host_terms(terms)
 

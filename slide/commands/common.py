@@ -110,6 +110,12 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
                         help="gradient clipping: per-unit clips each layer's gradient by its own "
                         "norm, before its update (keeps the overlap) [none]")  # fmt: skip
     parser.add_argument("--clip-norm", type=float, default=1.0, help="max norm for --clip [1.0]")
+    parser.add_argument(
+        "--reduce-bucket",
+        type=float,
+        default=5e8,
+        help="--schedule zero-offload: DeepSpeed's reduce_bucket_size, in elements [5e8]",
+    )
 
 
 def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Machine]:
@@ -170,6 +176,7 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "gpu_memory_gb": args.gpu_memory_gb,
         "clip": args.clip,
         "clip_norm": args.clip_norm,
+        "reduce_bucket": int(args.reduce_bucket),
     }
     fields.update(override)
     return TrainConfig(**fields)  # type: ignore[arg-type]

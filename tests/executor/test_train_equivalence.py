@@ -17,6 +17,13 @@ CASES = {
     "resident-2": (False, {"resident": 2}),
     "grad-accum-2": (True, {"grad_accum": 2}),
     "zero-offload": (False, {"schedule": "zero-offload"}),
+    # layers of 30,848 parameters: buckets (head), (4, 3), (2, 1), (embedding) reuse one slot
+    "zero-offload-buckets": (False, {"schedule": "zero-offload", "reduce_bucket": 62_000}),
+    # the tied embedding's gradient kept whole from the loss on; micro-batches added on the host
+    "zero-offload-tied-accum": (
+        True,
+        {"schedule": "zero-offload", "reduce_bucket": 32_000, "grad_accum": 2},
+    ),
     "gpu-only-acts-on-gpu": (True, {"schedule": "gpu-only", "activations": "gpu"}),
     "sliding-2-units-1-grad-buffer": (False, {"cache_units": 2, "grad_buffers": 1}),
     "nvme-activations-2-drives": (False, {"activations": "nvme", "drives": 2}),

@@ -213,8 +213,9 @@ def test_plan_compares_with_the_baseline_schedules(capsys):
     base = json.loads(out)["baselines"]
     params = 8_030_261_248
     assert base["gpu-only"]["gpu"] > 16 * params  # weights, grads, master, moments + activations
-    assert 4 * params < base["zero-offload"]["gpu"] < 16 * params  # BF16 weights + grads on GPU
-    assert base["zero-offload"]["cpu"] > 12 * params
+    # BF16 weights on the GPU, gradients through DeepSpeed's reduce bucket
+    assert 2 * params < base["zero-offload"]["gpu"] < 4 * params
+    assert base["zero-offload"]["cpu"] > 16 * params  # FP32 grads, master, moments; BF16 copy
     code, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b")
     assert code == 0 and "for comparison, the same run needs: gpu-only GPU" in out
 
