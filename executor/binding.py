@@ -92,7 +92,7 @@ class _Binder:
 
     # -- compute -------------------------------------------------------------------------------
     def _fwd(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         if u == 0:
             self.micro = 0 if op.step != self.step else self.micro + 1
             self.step = op.step
@@ -103,11 +103,11 @@ class _Binder:
         return Bind(unit=u, weights=self.where[u], x_in=x_in, x_out=out, **self.micro_fields())
 
     def _recompute(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         return Bind(unit=u, weights=self.where[u], x_in=self.act[u], **self.micro_fields())
 
     def _bwd(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         self.act.pop(u, None)
         return Bind(
             unit=u,
@@ -119,7 +119,7 @@ class _Binder:
         )
 
     def _loss(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         return Bind(
             unit=u,
             weights=self.where[u],
@@ -132,20 +132,20 @@ class _Binder:
         )
 
     def _gpu_adam(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         if u in self.placement.streamed:  # src: the GPU slot its state was uploaded to
             return Bind(unit=u, weights=self.where[u], src=self.opt_slot[u])
         return Bind(unit=u, weights=f"gpu.{u}")
 
     # -- transfers -----------------------------------------------------------------------------
     def _h2d_param(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         if op.acquires:
             self.where[u] = op.acquires[0]
         return Bind(unit=u, src=f"bf16.{u}", dst=self.where[u])
 
     def _d2h_grad(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         src = self.where[u]
         if self.placement.is_sliding(u):
             del self.where[u]  # the op releases the unit's device slot
@@ -154,36 +154,36 @@ class _Binder:
         return Bind(unit=u, src=src, dst=dst)
 
     def _opt_h2d(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         self.opt_slot[u] = op.acquires[0]
         return Bind(unit=u, dst=op.acquires[0])
 
     def _opt_d2h(self, op: Op) -> Bind:
-        return Bind(unit=op.layer, src=self.opt_slot.pop(op.layer))
+        return Bind(unit=op.unit, src=self.opt_slot.pop(op.unit))
 
     def _w_d2h(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         return Bind(unit=u, src=self.where.pop(u), dst=f"bf16.{u}")
 
     def _act_save(self, op: Op) -> Bind:
-        src, dst = self.act.pop(op.layer), op.acquires[0]
-        self.home[op.layer] = dst
-        return Bind(unit=op.layer, src=src, dst=dst)
+        src, dst = self.act.pop(op.unit), op.acquires[0]
+        self.home[op.unit] = dst
+        return Bind(unit=op.unit, src=src, dst=dst)
 
     def _act_load(self, op: Op) -> Bind:
-        src, dst = self.home.pop(op.layer), op.acquires[0]
-        self.act[op.layer] = dst
-        return Bind(unit=op.layer, src=src, dst=dst)
+        src, dst = self.home.pop(op.unit), op.acquires[0]
+        self.act[op.unit] = dst
+        return Bind(unit=op.unit, src=src, dst=dst)
 
     # -- optimizer -----------------------------------------------------------------------------
     def _grad_accum(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         first = (op.step, u) not in self.accum_started
         self.accum_started.add((op.step, u))
         return Bind(unit=u, src=self.landed.pop(u), dst=f"accum.{u}", first=first)
 
     def _adam(self, op: Op) -> Bind:
-        u = op.layer
+        u = op.unit
         accum = f"accum.{u}" if (op.step, u) in self.accum_started else ""
         stripes = self.staging.pop(u, {})
         return Bind(
@@ -195,11 +195,11 @@ class _Binder:
         )
 
     def _cast(self, op: Op) -> Bind:
-        return Bind(unit=op.layer, src=f"master.{op.layer}", dst=f"bf16.{op.layer}")
+        return Bind(unit=op.unit, src=f"master.{op.unit}", dst=f"bf16.{op.unit}")
 
     # -- NVMe ----------------------------------------------------------------------------------
     def _nvme_write(self, op: Op) -> Bind:
-        u, drive = op.layer, _drive(op)
+        u, drive = op.unit, _drive(op)
         staging = _freed(op, "opt_staging_")
         if staging is not None:  # optimizer state back to its stripe
             return Bind(unit=u, src=staging, drive=drive)
@@ -208,7 +208,7 @@ class _Binder:
         return Bind(unit=u, src=src, dst=dst, drive=drive)
 
     def _nvme_read(self, op: Op) -> Bind:
-        u, drive = op.layer, _drive(op)
+        u, drive = op.unit, _drive(op)
         if any(slot_pool(s).startswith("opt_staging_") for s in op.acquires):
             dst = _taken(op, "opt_staging_")
             self.staging.setdefault(u, {})[drive] = dst

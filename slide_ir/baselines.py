@@ -59,7 +59,7 @@ class _Flushes:
         for u in bucket.units:
             op_id = ctx.oid(self.step, self.micro, u, "g.d2h")
             producer = ctx.oid(self.step, self.micro, u, "loss" if u == ctx.n + 1 else "bwd")
-            ctx.b.emit(op_id, K.D2H_GRAD, "gpu", step=self.step, layer=u,
+            ctx.b.emit(op_id, K.D2H_GRAD, "gpu", step=self.step, unit=u,
                        work=Work(bytes=unit_elements(ctx.model, u) * FP32),
                        deps=[producer, self.accumulated.get(u)])  # fmt: skip
             self.landed[u] = op_id
@@ -85,7 +85,7 @@ def _accumulate(ctx: Ctx, step: int, micro: int, landed: dict[int, str]) -> dict
             continue
         op_id = ctx.oid(step, micro, u, "grad_accum")
         p = unit_elements(ctx.model, u)
-        ctx.b.emit(op_id, K.GRAD_ACCUM, "cpu", step=step, layer=u,
+        ctx.b.emit(op_id, K.GRAD_ACCUM, "cpu", step=step, unit=u,
                    work=Work(elements=p, bytes=p * 3 * FP32), deps=[landed[u]])  # fmt: skip
         out[u] = op_id
     return out
@@ -107,12 +107,12 @@ def emit_zero_offload(ctx: Ctx) -> None:
             io.update(units, u, deps=[all_down])
         for u in units:  # DeepSpeed casts the whole FP32 partition into the pinned BF16 buffer
             p = unit_elements(model, u)
-            ctx.b.emit(ctx.sid(step, u, "cast"), K.CAST, "cpu", step=step, layer=u,
+            ctx.b.emit(ctx.sid(step, u, "cast"), K.CAST, "cpu", step=step, unit=u,
                        work=Work(elements=p, bytes=p * (FP32 + 2)))  # fmt: skip
         all_cast = ctx.sid(step, units[-1], "cast")
         for u in units:
             op_id = ctx.sid(step, u, "w.h2d")
-            ctx.b.emit(op_id, K.H2D_PARAM, "h2d", step=step, layer=u,
+            ctx.b.emit(op_id, K.H2D_PARAM, "h2d", step=step, unit=u,
                        work=Work(bytes=param_bytes(ctx, u)), deps=[all_cast])  # fmt: skip
             ctx.weights_ready[u] = op_id
 
@@ -128,6 +128,6 @@ def emit_gpu_only(ctx: Ctx) -> None:
                 K.GPU_ADAM,
                 "gpu",
                 step=step,
-                layer=u,
+                unit=u,
                 work=gpu_adam_work(ctx, u),
             )
