@@ -17,7 +17,6 @@ read (uploads and prefetches of the next step only read it).
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import time
@@ -30,7 +29,7 @@ import torch
 from executor import setup as setup_mod
 from executor.binding import bind_graph
 from executor.env import MicroBatch
-from executor.recording import MemoryLog, Recorder, StepWindow
+from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
 from slide_ir.config import TrainConfig
 from slide_ir.planner import Plan, plan
@@ -93,8 +92,8 @@ class Progress:
     recorder: Recorder
     memory: MemoryLog
     log_every: int
-    losses: collections.deque[float]
-    lrs: collections.deque[float]
+    losses: RecentValues
+    lrs: RecentValues
     done: int = 0  # steps finished in this run
     stop: bool = False
     interrupted: bool = False
@@ -127,8 +126,8 @@ class Driver:
             recorder=recorder,
             memory=MemoryLog(window, run.memory_at_start(recorder.t0)),
             log_every=log_every,
-            losses=collections.deque(maxlen=LOSS_HISTORY),
-            lrs=collections.deque(maxlen=LOSS_HISTORY),
+            losses=RecentValues(LOSS_HISTORY),
+            lrs=RecentValues(LOSS_HISTORY),
             last=recorder.t0,
             interval=(recorder.t0, 0, {}),
         )

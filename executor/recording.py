@@ -6,11 +6,14 @@ step behind: each op's duration is added to its lane's running busy time, and it
 only when its step lies in the trace window (`--trace-steps`, default the first steps). So the
 entries (and CUDA events) alive at any moment are those of the step or two in flight, and the
 spans kept are the window's. `MemoryLog` does the same for memory samples: the window's, plus
-the highest sample of each tier over the whole run.
+the highest sample of each tier over the whole run. `RecentValues` keeps the last losses and
+learning rates in storage allocated once, so the host memory a run holds stops growing after
+its first step, not after its ten-thousandth.
 """
 
 from __future__ import annotations
 
+import array
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -38,6 +41,26 @@ class StepWindow:
 
     def __contains__(self, step: object) -> bool:
         return isinstance(step, int) and self.first <= step <= self.last
+
+
+class RecentValues:
+    """The last `capacity` floats appended, in a ring allocated (and touched) up front."""
+
+    def __init__(self, capacity: int) -> None:
+        self._ring = array.array("d", [0.0]) * capacity
+        self._count = 0
+
+    def append(self, value: float) -> None:
+        self._ring[self._count % len(self._ring)] = value
+        self._count += 1
+
+    def values(self) -> list[float]:
+        """Oldest first."""
+        n = len(self._ring)
+        if self._count <= n:
+            return self._ring[: self._count].tolist()
+        cut = self._count % n
+        return (self._ring[cut:] + self._ring[:cut]).tolist()
 
 
 class Recorder:

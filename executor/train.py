@@ -156,8 +156,8 @@ def _result(p: Plan, run: setup_mod.Run, driver: Driver) -> TrainResult:
     return TrainResult(
         final_state=weights,
         optim_state=moments,
-        losses=list(pr.losses),
-        lrs=list(pr.lrs),
+        losses=pr.losses.values(),
+        lrs=pr.lrs.values(),
         steps_done=pr.done,
         interrupted=pr.interrupted,
         trace=trace,

@@ -15,6 +15,7 @@ import executor.loop as loop_mod
 from executor.checkpoint import RandomInit
 from executor.completion import Completion
 from executor.env import MicroBatch
+from executor.recording import RecentValues
 from executor.train import train
 from slide_ir import TrainConfig, load_machine
 from slide_ir.model import load_model
@@ -130,3 +131,20 @@ def test_soak_2000_steps_memory_is_flat():
     assert own1 <= own0 * 1.01, (own0, own1)
     assert all1 <= all0 * 1.01, (all0, all1)
     assert {s.step for s in result.trace.spans} == {1, 2, 3, 4}
+
+
+def test_recent_values_keep_the_last_in_order():
+    kept = RecentValues(3)
+    assert kept.values() == []
+    for v in range(1, 8):
+        kept.append(float(v))
+        assert kept.values() == [float(x) for x in range(max(1, v - 2), v + 1)]
+
+
+def test_a_run_returns_its_last_losses(monkeypatch):
+    """More steps than the history holds: the result keeps the last ones, the newest last."""
+    whole = run_executor(tied=False, steps=5)
+    monkeypatch.setattr(loop_mod, "LOSS_HISTORY", 2)
+    last = run_executor(tied=False, steps=5)
+    assert last.losses == whole.losses[-2:]
+    assert last.lrs == whole.lrs[-2:]
