@@ -29,6 +29,7 @@ log = logging.getLogger("executor.buffers")
 
 # not buffers of the run: the runtime, workspaces torch allocates, the final state's host copy
 NOT_ALLOCATED = ("gpu_context", "host_runtime", "gpu_workspace", "gpu_lce", "host_handback",
+                 "gpu_tokens",  # the executor keeps its own token buffers (issue 16: to move)
                  # DeepSpeed's accumulation staging, which ZeRO-offload's ledger counts: unused here
                  "gpu_offload_staging", "host_offload_staging")
 # host pools the NVMe lanes read and write with O_DIRECT: allocated 4096-byte aligned

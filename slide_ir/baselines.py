@@ -15,20 +15,22 @@
 
 from __future__ import annotations
 
-from slide_ir.graph import OpKind, Work
+from slide_ir.graph import OpKind, PoolRole, Value, Work
 from slide_ir.ledger import FP32
 from slide_ir.schedules import (
     Ctx,
     OptimizerIo,
     backward,
+    device_update,
     forward,
-    gpu_adam_work,
     param_bytes,
     prefetch_activations,
 )
+from slide_ir.values import at, grads
 from slide_ir.zero_offload import GradBucket, grad_buckets, grad_order, unit_elements
 
 K = OpKind
+R = PoolRole
 
 
 def _units(ctx: Ctx) -> list[int]:
@@ -61,7 +63,8 @@ class _Flushes:
             producer = ctx.oid(self.step, self.micro, u, "loss" if u == ctx.n + 1 else "bwd")
             ctx.b.emit(op_id, K.D2H_GRAD, "gpu", step=self.step, unit=u,
                        work=Work(bytes=unit_elements(ctx.model, u) * FP32),
-                       deps=[producer, self.accumulated.get(u)])  # fmt: skip
+                       deps=[producer, self.accumulated.get(u)],
+                       reads=[at(grads(u), ctx.grads_on_gpu(u))], writes=[_landed(ctx, u)])  # fmt: skip
             self.landed[u] = op_id
 
 
@@ -76,6 +79,11 @@ def _micro_batch(ctx: Ctx, step: int, micro: int, buckets: tuple[GradBucket, ...
     return flushes.landed
 
 
+def _landed(ctx: Ctx, unit: int) -> Value:
+    """A unit's FP32 gradient in the pinned buffer it lands in."""
+    return ctx.home(R.GRAD_LANDING, unit, "g")
+
+
 def _accumulate(ctx: Ctx, step: int, micro: int, landed: dict[int, str]) -> dict[int, str]:
     """Add a micro-batch's landed gradients into the host accumulators (not the last one's:
     the update adds those)."""
@@ -85,8 +93,11 @@ def _accumulate(ctx: Ctx, step: int, micro: int, landed: dict[int, str]) -> dict
             continue
         op_id = ctx.oid(step, micro, u, "grad_accum")
         p = unit_elements(ctx.model, u)
+        acc = ctx.home(R.GRAD_ACCUM, u, "gacc")
         ctx.b.emit(op_id, K.GRAD_ACCUM, "cpu", step=step, unit=u,
-                   work=Work(elements=p, bytes=p * 3 * FP32), deps=[landed[u]])  # fmt: skip
+                   work=Work(elements=p, bytes=p * 3 * FP32), deps=[landed[u]],
+                   reads=[_landed(ctx, u)],
+                   writes=[at(acc.name, acc.slot, accumulate=micro > 0)])  # fmt: skip
         out[u] = op_id
     return out
 
@@ -104,30 +115,28 @@ def emit_zero_offload(ctx: Ctx) -> None:
         io = OptimizerIo(ctx, step)
         all_down = landed[units[-1]]  # DeepSpeed's norm reads (.item()) wait for every copy
         for u in units:
-            io.update(units, u, deps=[all_down])
+            io.update(units, u, deps=[all_down], grads=_landed(ctx, u))
         for u in units:  # DeepSpeed casts the whole FP32 partition into the pinned BF16 buffer
             p = unit_elements(model, u)
+            master = [ctx.home(R.MASTER, u, "master")] if (R.MASTER, u) in ctx.homes else []
             ctx.b.emit(ctx.sid(step, u, "cast"), K.CAST, "cpu", step=step, unit=u,
-                       work=Work(elements=p, bytes=p * (FP32 + 2)))  # fmt: skip
+                       work=Work(elements=p, bytes=p * (FP32 + 2)), reads=master,
+                       writes=[ctx.home(R.HOST_WEIGHTS, u, "w")])  # fmt: skip
         all_cast = ctx.sid(step, units[-1], "cast")
         for u in units:
             op_id = ctx.sid(step, u, "w.h2d")
             ctx.b.emit(op_id, K.H2D_PARAM, "h2d", step=step, unit=u,
-                       work=Work(bytes=param_bytes(ctx, u)), deps=[all_cast])  # fmt: skip
+                       work=Work(bytes=param_bytes(ctx, u)), deps=[all_cast],
+                       reads=[ctx.home(R.HOST_WEIGHTS, u, "w")],
+                       writes=[ctx.weights_read(u)])  # fmt: skip
             ctx.weights_ready[u] = op_id
 
 
 def emit_gpu_only(ctx: Ctx) -> None:
     c = ctx.config
+    ctx.persistent_grads = frozenset(_units(ctx))
     for step in range(1, c.steps + 1):
         for micro in range(c.grad_accum):
             _compute(ctx, step, micro)
         for u in _units(ctx):
-            ctx.b.emit(
-                ctx.sid(step, u, "gpu_adam"),
-                K.GPU_ADAM,
-                "gpu",
-                step=step,
-                unit=u,
-                work=gpu_adam_work(ctx, u),
-            )
+            device_update(ctx, step, u)

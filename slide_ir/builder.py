@@ -3,31 +3,41 @@
 Schedules are written as straight-line code that emits ops roughly in the order they will run.
 Slots are handed out first-freed, first-reused: acquiring a slot adds a dependency on the op that
 released it last, which is how "wait until a cache unit is free" becomes an ordinary dependency.
+A value an op writes into a slot it acquires is given as `Taken(name)` (the slot is not known
+before the op is emitted); `micro` is the micro-batch the ops emitted next belong to.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from slide_ir.graph import Graph, GraphInfo, Op, OpKind, Pool, Work
+from slide_ir.graph import Graph, GraphInfo, Op, OpKind, Pool, Value, Work
 
 
 class PlanningError(RuntimeError):
     """A schedule asked for more slots than its pool holds: a bug in the schedule, not the input."""
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A value written into the slot the op takes from its `index`-th `acquire` pool."""
+
+    name: str
+    index: int = 0
+    accumulate: bool = False
+
+
 class GraphBuilder:
     def __init__(self, pools: Iterable[Pool]) -> None:
         self.pools = tuple(pools)
         self.ops: list[Op] = []
+        self.micro = 0
         # free slots per pool, oldest release first: (slot id, releasing op id or None)
         self._free: dict[str, deque[tuple[str, str | None]]] = {
             p.name: deque((s, None) for s in p.slot_ids()) for p in self.pools if not p.static
         }
-
-    def has_pool(self, name: str) -> bool:
-        return name in self._free
 
     def emit(
         self,
@@ -42,10 +52,13 @@ class GraphBuilder:
         acquire: Iterable[str] = (),
         release: Iterable[str | None] = (),
         scratch: Iterable[str] = (),
+        reads: Iterable[Value | None] = (),
+        writes: Iterable[Value | Taken | None] = (),
     ) -> tuple[str, ...]:
         """Append an op. `acquire` names pools (held until a later op releases the slot),
         `release` names slots, `scratch` names pools whose slot the op holds only while it
-        runs. Returns the slots acquired from `acquire`, in order."""
+        runs; `reads` and `writes` its operands (None: absent). Returns the slots acquired
+        from `acquire`, in order."""
         dep_list = [d for d in deps if d]
         slots: list[str] = []
         scratch_slots: list[str] = []
@@ -59,6 +72,12 @@ class GraphBuilder:
         for slot in release:
             pool = slot.rpartition(".")[0]
             self._free[pool].append((slot, op_id))
+        placed = tuple(
+            Value(name=v.name, slot=slots[v.index], accumulate=v.accumulate)
+            if isinstance(v, Taken) else v
+            for v in writes
+            if v is not None
+        )  # fmt: skip
         self.ops.append(
             Op(
                 id=op_id,
@@ -66,10 +85,13 @@ class GraphBuilder:
                 lane=lane,
                 step=step,
                 unit=unit,
+                micro=self.micro,
                 work=work or Work(),
                 deps=tuple(dict.fromkeys(dep_list)),
                 acquires=tuple(slots + scratch_slots),
                 releases=release,
+                reads=tuple(v for v in reads if v is not None),
+                writes=placed,
             )
         )
         return tuple(slots)

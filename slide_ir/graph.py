@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from slide_ir.dataflow import Order, check_dataflow, check_tenancy
 
 FORMAT_VERSION = 2  # 2: ops name a `unit` (was `layer`), values, micro-batch; pools a role
 
@@ -41,7 +43,7 @@ class OpKind(StrEnum):
     OPT_H2D = "opt_h2d"  # upload a streamed layer's FP32 master + moments for its GPU AdamW
     OPT_D2H = "opt_d2h"  # download them back after the update
     W_D2H = "w_d2h"  # download a streamed layer's updated BF16 weights into the pinned copy
-    CAST = "cast"  # FP32 -> BF16 cast of updated weights on the CPU, when not fused into adam
+    CAST = "cast"  # FP32 -> BF16 cast of updated weights on the CPU (ZeRO-offload's, unfused)
     GRAD_ACCUM = "grad_accum"  # add a micro-batch's landed BF16 grads into the CPU FP32 accumulator
     ACT_SAVE = "act_save"  # copy a layer's input activation GPU -> CPU (d2h lane)
     ACT_LOAD = "act_load"  # copy it back CPU -> GPU ahead of the layer's recompute (h2d lane)
@@ -64,6 +66,40 @@ class Tier(StrEnum):
     NVME = "nvme"
 
 
+class PoolRole(StrEnum):
+    """What a pool's slots hold, so an engine knows how to allocate it without its name."""
+
+    ACCOUNTING = "accounting"  # counted, never allocated by Slide: CUDA context, process, hand-back
+    WORKSPACE = "workspace"  # compute scratch torch allocates; a recompute's tape lives there
+    TOKENS = "tokens"  # the current micro-batch's token ids and labels on the GPU
+    HIDDEN = "hidden"  # layer inputs (B x S x H) on the GPU
+    HIDDEN_GRAD = "hidden_grad"  # gradients w.r.t. hidden states on the GPU
+    HOST_HIDDEN = "host_hidden"  # saved layer inputs, or their NVMe staging, in pinned RAM
+    NVME_HIDDEN = "nvme_hidden"  # saved layer inputs on NVMe
+    UNIT = "unit"  # one unit's compute-dtype weights + grads on the GPU (a cache-ring slot)
+    RESIDENT = "resident"  # units whole on the GPU: weights, grads, FP32 master and moments
+    STREAM_STATE = "stream_state"  # a streamed unit's FP32 master, moments and grad on the GPU
+    DEVICE_WEIGHTS = "device_weights"  # every unit's weights on the GPU, one flat slot
+    DEVICE_GRADS = "device_grads"  # every unit's gradients on the GPU, one flat slot
+    GRAD_LANDING = "grad_landing"  # pinned RAM that downloaded gradients land in
+    HOST_WEIGHTS = "host_weights"  # the pinned compute-dtype copy an upload reads
+    GRAD_ACCUM = "grad_accum"  # FP32 gradient accumulators in RAM
+    MASTER = "master"  # FP32 master weights in RAM (pinned for streamed units)
+    MOMENTS = "moments"  # Adam moments in RAM (pinned for streamed units)
+    NVME_STATE = "nvme_state"  # optimizer state on NVMe, striped over the drives
+    OPT_STAGING = "opt_staging"  # RAM staging of the NVMe optimizer-state stripes
+
+
+class UnitPlacement(StrEnum):
+    """Where a unit lives and who updates it (the graph's info lists one per unit)."""
+
+    RESIDENT = "resident"  # whole on the GPU, updated there
+    STREAMED = "streamed"  # slides; its state visits the GPU for a GPU AdamW
+    SLIDING = "sliding"  # slides; host AdamW, state in RAM
+    NVME = "nvme"  # slides (or stays, ZeRO-offload); host AdamW, state homed on NVMe
+    OFFLOADED = "offloaded"  # ZeRO-offload: weights stay on the GPU, host AdamW, state in RAM
+
+
 LANE_KINDS = ("gpu", "h2d", "d2h", "cpu", "nvme", "net")
 
 
@@ -73,6 +109,41 @@ def lane_kind(lane: str) -> str:
     if base not in LANE_KINDS:
         raise ValueError(f"lane {lane!r}: kind must be one of {', '.join(LANE_KINDS)}")
     return base
+
+
+def lane_index(lane: str) -> int:
+    """The number of a lane of its kind: `nvme1` -> 1 (the drive), `gpu` -> 0."""
+    kind = lane_kind(lane)
+    return int(lane[len(kind) :] or 0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Value:
+    """A named value an op reads or writes, and the slot it sits in: `L12.w@gpu_units.1`.
+
+    A slot may hold several values side by side (a unit's weights and gradients, a flat pool's
+    per-unit regions, NVMe stripes); a value is (name, slot). `accumulate`: a write adds into
+    the value (`+=`) instead of overwriting it."""
+
+    name: str
+    slot: str
+    accumulate: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in "@, \t\n") or "@" in self.slot:
+            raise ValueError(f"value {self.name!r}@{self.slot!r}: name and slot must be plain")
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.slot}{'+=' if self.accumulate else ''}"
+
+    @classmethod
+    def parse(cls, text: str) -> Value:
+        """The inverse of `str`: `name@slot` or `name@slot+=`."""
+        accumulate = text.endswith("+=")
+        name, at, slot = text.removesuffix("+=").partition("@")
+        if not at:
+            raise ValueError(f"value {text!r}: expected name@slot")
+        return cls(name=name, slot=slot, accumulate=accumulate)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,20 +165,25 @@ class Work:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Op:
-    """One unit of work on one lane. `unit`: 0 embedding, 1..n decoder layers, n+1 head."""
+    """One unit of work on one lane. `unit`: 0 embedding, 1..n decoder layers, n+1 head.
+    `micro`: the micro-batch of the step it belongs to (the last one for once-a-step ops).
+    `reads` / `writes`: its operands, in the order its kind documents (see `OpKind`)."""
 
     id: str
     kind: OpKind
     lane: str
     step: int
     unit: int
+    micro: int = 0
     work: Work = field(default_factory=Work)
     deps: tuple[str, ...] = ()
     acquires: tuple[str, ...] = ()
     releases: tuple[str, ...] = ()
+    reads: tuple[Value, ...] = ()
+    writes: tuple[Value, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.id or any(c.isspace() for c in self.id):
+        if self.id.split() != [self.id]:
             raise ValueError(f"op id {self.id!r} must be non-empty and contain no whitespace")
         lane_kind(self.lane)
 
@@ -121,6 +197,10 @@ class Pool:
     slots: int
     slot_bytes: int
     static: bool = False
+    role: PoolRole = PoolRole.ACCOUNTING
+    # the units whose values the slots hold: slot i holds units[i] in a per-unit pool (as many
+    # units as slots); a ring's or flat slot's candidates otherwise (sizes: the largest)
+    units: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.slots <= 0:
@@ -158,6 +238,7 @@ class GraphInfo:
     num_layers: int
     params: int
     flops_per_step: float  # model FLOPs of one step (6N-style, with attention; no recompute)
+    placement: tuple[UnitPlacement, ...] = ()  # per unit 0..n+1 (empty: not a single-GPU plan)
 
     @property
     def tokens_per_step(self) -> int:
@@ -226,7 +307,9 @@ class Graph:
 
         g = nx.DiGraph()
         for op in self.ops:
-            g.add_node(op.id, kind=str(op.kind), lane=op.lane, step=op.step, unit=op.unit)
+            g.add_node(
+                op.id, kind=str(op.kind), lane=op.lane, step=op.step, unit=op.unit, micro=op.micro
+            )
             g.add_edges_from((d, op.id) for d in op.deps)
         for lane in self.lanes():
             ids = [op.id for op in self.lane_ops(lane)]
@@ -243,8 +326,8 @@ class Graph:
     def from_json(cls, text: str) -> Graph:
         data = load_versioned(text, FORMAT_VERSION, "graph", GraphError)
         return cls(
-            info=GraphInfo(**data["info"]),
-            pools=tuple(Pool(**{**p, "tier": Tier(p["tier"])}) for p in data["pools"]),
+            info=info_from_dict(data["info"]),
+            pools=tuple(_pool_from_dict(p) for p in data["pools"]),
             ops=tuple(_op_from_dict(o) for o in data["ops"]),
         )
 
@@ -260,17 +343,30 @@ def load_versioned(
     return data
 
 
-def _op_from_dict(d: Mapping[str, object]) -> Op:
+def info_from_dict(d: Mapping[str, Any]) -> GraphInfo:
+    placement = tuple(map(UnitPlacement, d.get("placement", ())))
+    return GraphInfo(**{**d, "placement": placement})
+
+
+def _pool_from_dict(d: Mapping[str, Any]) -> Pool:
+    return Pool(**{**d, "tier": Tier(d["tier"]), "role": PoolRole(d["role"]),
+                   "units": tuple(d["units"])})  # fmt: skip
+
+
+def _op_from_dict(d: Mapping[str, Any]) -> Op:
     return Op(
         id=str(d["id"]),
         kind=OpKind(str(d["kind"])),
         lane=str(d["lane"]),
-        step=int(d["step"]),  # type: ignore[call-overload]
-        unit=int(d["unit"]),  # type: ignore[call-overload]
-        work=Work(**d["work"]),  # type: ignore[arg-type]
-        deps=tuple(d["deps"]),  # type: ignore[arg-type]
-        acquires=tuple(d["acquires"]),  # type: ignore[arg-type]
-        releases=tuple(d["releases"]),  # type: ignore[arg-type]
+        step=int(d["step"]),
+        unit=int(d["unit"]),
+        micro=int(d["micro"]),
+        work=Work(**d["work"]),
+        deps=tuple(d["deps"]),
+        acquires=tuple(d["acquires"]),
+        releases=tuple(d["releases"]),
+        reads=tuple(Value(**v) for v in d["reads"]),
+        writes=tuple(Value(**v) for v in d["writes"]),
     )
 
 
@@ -283,75 +379,20 @@ def _validate(graph: Graph) -> None:
         )
     slots = graph.slot_bytes()
     static = {s for p in graph.pools if p.static for s in p.slot_ids()}
-    position: dict[str, int] = {}
-    for i, op in enumerate(graph.ops):
-        if op.id in position:
+    seen: set[str] = set()
+    for op in graph.ops:
+        if op.id in seen:
             raise GraphError(f"op {op.id}: duplicate id")
         for dep in op.deps:
-            if dep not in position:
+            if dep not in seen:
                 raise GraphError(f"op {op.id}: dependency {dep!r} is not an earlier op")
         for s in op.acquires + op.releases:
             if s not in slots:
                 raise GraphError(f"op {op.id}: unknown slot {s!r}")
             if s in static:
                 raise GraphError(f"op {op.id}: slot {s!r} belongs to a static pool")
-        position[op.id] = i
-    _check_slot_tenancy(graph, position)
-
-
-def _check_slot_tenancy(graph: Graph, position: Mapping[str, int]) -> None:
-    """One tenant per slot at a time; the next acquirer must depend on the last releaser."""
-    holder: dict[str, str] = {}  # slot -> acquiring op id, while held
-    last_release: dict[str, str] = {}  # slot -> op id that released it last
-    preds = _predecessors(graph)
-    for op in graph.ops:
-        for s in op.acquires:
-            if s in holder:
-                raise GraphError(f"op {op.id}: acquires {s!r} still held by {holder[s]}")
-            prev = last_release.get(s)
-            if prev is not None and prev != op.id and not _reaches(prev, op.id, preds, position):
-                raise GraphError(
-                    f"op {op.id}: reuses slot {s!r} without depending on its release by {prev}"
-                )
-            holder[s] = op.id
-        for s in op.releases:
-            if holder.pop(s, None) is None:
-                raise GraphError(f"op {op.id}: releases {s!r} which is not held")
-            last_release[s] = op.id
-    if holder:
-        s, acq = next(iter(holder.items()))
-        raise GraphError(f"op {acq}: acquires {s!r} which no later op releases")
-
-
-def _predecessors(graph: Graph) -> dict[str, tuple[str, ...]]:
-    """Dependency edges plus lane-order edges (an op also waits for its lane predecessor)."""
-    preds: dict[str, tuple[str, ...]] = {}
-    last_on_lane: dict[str, str] = {}
-    for op in graph.ops:
-        lane_prev = last_on_lane.get(op.lane)
-        preds[op.id] = op.deps + ((lane_prev,) if lane_prev else ())
-        last_on_lane[op.lane] = op.id
-    return preds
-
-
-def _reaches(
-    src: str, dst: str, preds: Mapping[str, tuple[str, ...]], position: Mapping[str, int]
-) -> bool:
-    """Whether `dst` transitively waits for `src`. Every edge points forward in the op list,
-    so ops listed before `src` cannot lie on a path from it and the search skips them."""
-    floor = position[src]
-    seen: set[str] = set()
-    stack = [dst]
-    while stack:
-        cur = stack.pop()
-        for p in preds[cur]:
-            if p == src:
-                return True
-            if p not in seen and position[p] > floor:
-                seen.add(p)
-                stack.append(p)
-    return False
-
-
-def ops_by_id(ops: Iterable[Op]) -> dict[str, Op]:
-    return {op.id: op for op in ops}
+        seen.add(op.id)
+    order = Order(graph.ops)
+    problem = check_tenancy(graph.ops, order) or check_dataflow(graph.ops, order, slots, static)
+    if problem is not None:
+        raise GraphError(problem)

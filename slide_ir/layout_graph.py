@@ -106,10 +106,11 @@ class _Emitter:
         return op_id
 
     def compute(self, op_id: str, kind: OpKind, s: int, work: Work, deps: Sequence[str | None],
-                **slots: list[str]) -> str:  # fmt: skip
+                acquire: Sequence[str] = (), release: Sequence[str] = ()) -> str:  # fmt: skip
         deps = [*deps, *self.blocking[s]]
         self.blocking[s] = []
-        self.b.emit(op_id, kind, f"gpu{s}", step=1, unit=s, work=work, deps=deps, **slots)
+        self.b.emit(op_id, kind, f"gpu{s}", step=1, unit=s, work=work, deps=deps,
+                    acquire=acquire, release=release)  # fmt: skip
         self.last[s] = op_id
         return op_id
 

@@ -19,9 +19,16 @@ from dataclasses import dataclass
 
 from slide_ir.config import TrainConfig
 from slide_ir.graph import Pool, Tier
+from slide_ir.graph import PoolRole as R
 from slide_ir.hardware import Machine
 from slide_ir.model import ModelSpec
-from slide_ir.zero_offload import BUCKET_POOL, WHOLE_POOL, largest_param, whole_slot_elements
+from slide_ir.zero_offload import (
+    BUCKET_POOL,
+    WHOLE_POOL,
+    grad_buckets,
+    largest_param,
+    whole_slot_elements,
+)
 
 GIB = 1 << 30
 # CUDA context, cuBLAS/cuDNN workspaces and allocator slack: typical for torch on one GPU.
@@ -133,9 +140,12 @@ class _Terms:
         formula: str,
         *,
         static: bool = False,
+        role: R = R.ACCOUNTING,
+        units: tuple[int, ...] = (),
     ) -> None:
         if slots > 0 and slot_bytes > 0:
-            pool = Pool(name=name, tier=tier, slots=slots, slot_bytes=slot_bytes, static=static)
+            pool = Pool(name=name, tier=tier, slots=slots, slot_bytes=slot_bytes, static=static,
+                        role=role, units=units)  # fmt: skip
             self.items.append(Term(pool=pool, label=label, formula=formula))
 
 
@@ -208,6 +218,7 @@ def _common_gpu_terms(
         "CUDA context and workspaces",
         "fixed 0.75 GiB",
         static=True,
+        role=R.ACCOUNTING,
     )
     terms.add(
         "gpu_hidden_grads",
@@ -216,8 +227,10 @@ def _common_gpu_terms(
         hidden,
         "hidden-state gradients",
         f"2 x b{b} x s{s} x h{h} x 2 B",
-        static=True,
+        role=R.HIDDEN_GRAD,
     )
+    terms.add("gpu_tokens", Tier.GPU, 1, 2 * b * s * 8, "token ids and labels",
+              f"2 x b{b} x s{s} x 8 B", static=True, role=R.TOKENS)  # fmt: skip
     # One scratch slot serves the layers' transient activations and the fused loss: both run on
     # the `gpu` lane, one at a time, so they never coexist.
     layer = model.layer_transient_bytes(b, s)
@@ -237,6 +250,7 @@ def _common_gpu_terms(
         f"max(one layer's recompute+backward at b{b} s{s} = {layer / 1e9:.2f} GB, "
         f"{chunk}-token bf16 logits chunk + bf16 LM-head and hidden grads = {lce / 1e9:.2f} GB"
         f"{flush[1]})",
+        role=R.WORKSPACE,
     )
 
 
@@ -252,7 +266,8 @@ def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> N
     hidden = b * s * h * BF16
     what = f"b{b} x s{s} x h{h} x 2 B"
     if config.activations == "gpu":
-        terms.add("gpu_acts", Tier.GPU, n + 1, hidden, "saved layer inputs", f"{n + 1} x {what}")
+        terms.add("gpu_acts", Tier.GPU, n + 1, hidden, "saved layer inputs", f"{n + 1} x {what}",
+                  role=R.HIDDEN)  # fmt: skip
         return
     terms.add(
         "gpu_acts",
@@ -261,10 +276,17 @@ def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> N
         hidden,
         "layer-input window",
         f"{config.act_buffers} x {what}",
+        role=R.HIDDEN,
     )
     if config.activations == "cpu":
         terms.add(
-            "pinned_acts", Tier.PINNED, n, hidden, "saved layer inputs (pinned)", f"{n} x {what}"
+            "pinned_acts",
+            Tier.PINNED,
+            n,
+            hidden,
+            "saved layer inputs (pinned)",
+            f"{n} x {what}",
+            role=R.HOST_HIDDEN,
         )
     else:
         terms.add(
@@ -274,8 +296,10 @@ def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> N
             hidden,
             "activation NVMe staging (pinned)",
             f"{config.act_buffers} x {what}",
+            role=R.HOST_HIDDEN,
         )
-        terms.add("nvme_acts", Tier.NVME, n, hidden, "saved layer inputs (NVMe)", f"{n} x {what}")
+        terms.add("nvme_acts", Tier.NVME, n, hidden, "saved layer inputs (NVMe)", f"{n} x {what}",
+                  role=R.NVME_HIDDEN)  # fmt: skip
 
 
 def _optimizer_terms(
@@ -303,6 +327,8 @@ def _optimizer_terms(
                 "fp32 master weights" + note,
                 f"{k} x {p:.4g} params x 4 B",
                 static=True,
+                role=R.MASTER,
+                units=tuple(members),
             )
         if not on_nvme:
             terms.add(
@@ -313,6 +339,8 @@ def _optimizer_terms(
                 "Adam moments" + note,
                 f"{k} x {p:.4g} params x {mb} B",
                 static=True,
+                role=R.MOMENTS,
+                units=tuple(members),
             )
             continue
         terms.add(
@@ -323,6 +351,8 @@ def _optimizer_terms(
             "optimizer state (NVMe)",
             f"{k} x {p:.4g} params x {on_nvme} B",
             static=True,
+            role=R.NVME_STATE,
+            units=tuple(members),
         )
         # Decoder layers rotate through 3 stripes per drive (one read ahead, one updating, one
         # being written); the embedding and the head are one unit each: one stripe per drive.
@@ -334,6 +364,8 @@ def _optimizer_terms(
             -(-p * on_nvme // drives),
             "optimizer NVMe staging",
             f"{depth} x {p:.4g} params x {on_nvme} B",
+            role=R.OPT_STAGING,
+            units=tuple(members),
         )
 
 
@@ -360,6 +392,8 @@ def _sliding_terms(
         p * 2 * BF16,
         "cache units (bf16 weights+grads)",
         f"{units} x {p:.4g} params x 4 B",
+        role=R.UNIT,
+        units=tuple(sliding_layers),
     )
     for group, members in _unit_groups(model, [u for u in sliding if u in (0, n + 1)]):
         q = unit_params(model, members[0])
@@ -370,6 +404,8 @@ def _sliding_terms(
             q * 2 * BF16,
             f"{group} slot (bf16 weights+grads)",
             f"{q:.4g} params x 4 B",
+            role=R.UNIT,
+            units=tuple(members),
         )
         if members[0] in host_updated:
             terms.add(
@@ -379,6 +415,8 @@ def _sliding_terms(
                 q * BF16,
                 "gradient landing (pinned)",
                 f"{q:.4g} params x 2 B",
+                role=R.GRAD_LANDING,
+                units=tuple(members),
             )
     for group, members in _unit_groups(model, list(resident)):
         q, k = unit_params(model, members[0]), len(members)
@@ -390,6 +428,8 @@ def _sliding_terms(
             "resident layers (weights, grads, master, moments)",
             f"{k} x {q:.4g} params x {2 * BF16 + FP32 + mb} B",
             static=True,
+            role=R.RESIDENT,
+            units=tuple(members),
         )
     _streamed_staging_terms(terms, model, config, streamed)
     _handback_terms(terms, config, sum(unit_params(model, u) for u in resident))
@@ -403,6 +443,8 @@ def _sliding_terms(
             p * BF16,
             "gradient landing (pinned)",
             f"{g} x {p:.4g} params x 2 B",
+            role=R.GRAD_LANDING,
+            units=tuple(u for u in host_updated if 1 <= u <= n),
         )
     for group, members in _unit_groups(model, sliding):
         q, k = unit_params(model, members[0]), len(members)
@@ -414,6 +456,8 @@ def _sliding_terms(
             "bf16 weights (pinned)",
             f"{k} x {q:.4g} params x 2 B",
             static=True,
+            role=R.HOST_WEIGHTS,
+            units=tuple(members),
         )
     _grad_accum_terms(terms, model, config, sliding)
     _optimizer_terms(terms, model, config, host_updated, drives)
@@ -421,7 +465,9 @@ def _sliding_terms(
     _host_terms(terms)
 
 
-def _grad_accum_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, units: list[int]) -> None:
+def _grad_accum_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, units: list[int]
+) -> None:
     """FP32 accumulators on the host for the gradients of several micro-batches."""
     if config.grad_accum == 1:
         return
@@ -435,6 +481,8 @@ def _grad_accum_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, unit
             "fp32 gradient accumulators",
             f"{k} x {q:.4g} params x 4 B",
             static=True,
+            role=R.GRAD_ACCUM,
+            units=tuple(members),
         )
 
 
@@ -468,6 +516,8 @@ def _streamed_staging_terms(
             q * per,
             "streamed optimizer state (fp32 master, moments, grad)",
             f"{k} x {q:.4g} params x {per} B",
+            role=R.STREAM_STATE,
+            units=tuple(members),
         )
 
 
@@ -482,16 +532,28 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
     _common_gpu_terms(terms, model, config, flush)
     _activation_terms(terms, model, config)
     terms.add(
-        "gpu_params", Tier.GPU, 1, n_all * BF16, "bf16 weights", f"{n_all:.4g} x 2 B", static=True
+        "gpu_params",
+        Tier.GPU,
+        1,
+        n_all * BF16,
+        "bf16 weights",
+        f"{n_all:.4g} x 2 B",
+        static=True,
+        role=R.DEVICE_WEIGHTS,
+        units=resident_preference(model),
     )
     whole = whole_slot_elements(model, config)  # before the bucket: the executor pairs there
+    held = {pool: tuple(u for b in grad_buckets(model, config) if b.pool == pool for u in b.units)
+            for pool in (WHOLE_POOL, BUCKET_POOL)}  # fmt: skip
     terms.add(WHOLE_POOL, Tier.GPU, 1, whole * BF16, "gradients kept out of the bucket (bf16)",
-              f"{whole:.4g} params x 2 B", static=True)  # fmt: skip
+              f"{whole:.4g} params x 2 B", static=True, role=R.DEVICE_GRADS,
+              units=held[WHOLE_POOL])  # fmt: skip
     terms.add(BUCKET_POOL, Tier.GPU, 1, bucket * BF16, "gradient reduce bucket (bf16)",
-              f"reduce_bucket {bucket:.4g} x 2 B", static=True)  # fmt: skip
+              f"reduce_bucket {bucket:.4g} x 2 B", static=True, role=R.DEVICE_GRADS,
+              units=held[BUCKET_POOL])  # fmt: skip
     terms.add("gpu_offload_staging", Tier.GPU, 1, big * BF16,
               "offload staging (largest param, bf16)", f"{big:.4g} x 2 B",
-              static=True)  # fmt: skip
+              static=True, role=R.ACCOUNTING)  # fmt: skip
     terms.add(
         "pinned_grads",
         Tier.PINNED,
@@ -500,6 +562,8 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
         "fp32 gradients (pinned)",
         f"{n_all:.4g} x 4 B",
         static=True,
+        role=R.GRAD_LANDING,
+        units=resident_preference(model),
     )
     terms.add(
         "pinned_bf16",
@@ -509,10 +573,12 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
         "bf16 weights (pinned)",
         f"{n_all:.4g} x 2 B",
         static=True,
+        role=R.HOST_WEIGHTS,
+        units=resident_preference(model),
     )
     terms.add("host_offload_staging", Tier.PINNED, 1, big * BF16,
               "offload staging (pinned)", f"{big:.4g} x 2 B",
-              static=True)  # fmt: skip
+              static=True, role=R.ACCOUNTING)  # fmt: skip
     _grad_accum_terms(terms, model, config, list(resident_preference(model)))
     _optimizer_terms(terms, model, config, list(resident_preference(model)), drives)
     _host_terms(terms)
@@ -531,6 +597,8 @@ def _gpu_only_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> Non
         "weights, grads, master, moments",
         f"{n_all:.4g} params x {per} B",
         static=True,
+        role=R.RESIDENT,
+        units=resident_preference(model),
     )
     _handback_terms(terms, config, n_all)
     _host_terms(terms)
@@ -551,6 +619,7 @@ def _handback_terms(terms: _Terms, config: TrainConfig, params_on_gpu: int) -> N
             "final state handed back (fp32 master + moments of GPU-kept units)",
             f"{params_on_gpu:.4g} params x {per} B",
             static=True,
+            role=R.ACCOUNTING,
         )
 
 
@@ -563,6 +632,7 @@ def _host_terms(terms: _Terms) -> None:
         "process runtime (python, torch)",
         "fixed 2 GiB",
         static=True,
+        role=R.ACCOUNTING,
     )
 
 

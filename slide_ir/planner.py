@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 from slide_ir.baselines import emit_gpu_only, emit_zero_offload
 from slide_ir.builder import GraphBuilder
 from slide_ir.config import TrainConfig
-from slide_ir.graph import Graph, GraphInfo
+from slide_ir.graph import Graph, GraphInfo, UnitPlacement
 from slide_ir.hardware import Machine, load_machine_toml, machine_to_toml
-from slide_ir.ledger import Ledger, build_ledger
+from slide_ir.ledger import Ledger, build_ledger, resident_preference
 from slide_ir.model import ModelSpec
 from slide_ir.placement import PlacementChoice, choose_placement
 from slide_ir.schedules import Ctx
@@ -82,8 +82,26 @@ def build_graph(model: ModelSpec, machine: Machine, config: TrainConfig, ledger:
         num_layers=model.num_layers,
         params=model.total_params,
         flops_per_step=model_flops_per_step(model, config),
+        placement=unit_placement(model, config, ledger),
     )
     return ctx.b.build(info)
+
+
+def unit_placement(
+    model: ModelSpec, config: TrainConfig, ledger: Ledger
+) -> tuple[UnitPlacement, ...]:
+    """Where each unit 0..n+1 lives and who updates it."""
+    P = UnitPlacement
+    host = P.NVME if config.optimizer != "cpu" else P.SLIDING
+    if config.schedule == "gpu-only":
+        return tuple(P.RESIDENT for _ in resident_preference(model))
+    if config.schedule == "zero-offload":
+        host = P.NVME if config.optimizer != "cpu" else P.OFFLOADED
+    resident, streamed = set(ledger.resident), set(ledger.streamed)
+    return tuple(
+        P.RESIDENT if u in resident else P.STREAMED if u in streamed else host
+        for u in sorted(resident_preference(model))
+    )
 
 
 def model_flops_per_step(model: ModelSpec, config: TrainConfig) -> float:

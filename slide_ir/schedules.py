@@ -4,7 +4,9 @@ Units ("unit" in op ids): 0 embedding, 1..n decoder layers, n+1 head. Every sche
 sliding activation checkpointing: each decoder layer's input is saved (kept on the GPU, or copied
 to pinned CPU memory, or on to NVMe), brought back ahead of the backward, and the layer recomputed.
 Schedules differ in where weights come from and where gradients go; they plug in through the
-`before_*` / `after_bwd` hooks.
+`before_*` / `after_bwd` hooks. Every op names the values it reads and writes (`slide_ir.values`):
+the forward passes `s1.L3.x` from slot to slot, the recompute leaves `s1.L3.tape` in the
+workspace for the backward, the backward passes `s1.L3.dx` down a two-slot ring.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slide_ir.builder import GraphBuilder
+from slide_ir.builder import GraphBuilder, Taken
 from slide_ir.config import TrainConfig
-from slide_ir.graph import OpKind, Work
+from slide_ir.graph import OpKind, PoolRole, Value, Work, slot_id
 from slide_ir.ledger import BF16, FP32, adam_bytes_per_param, unit_params
 from slide_ir.model import ModelSpec
+from slide_ir.values import at, grads, micro_prefix, unit_homes, unit_value, weights
 
 K = OpKind
+R = PoolRole
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,16 @@ class Ctx:
     opt_slot: dict[int, str] = field(default_factory=dict)  # streamed unit -> GPU state slot
     opt_ready: dict[int, str] = field(default_factory=dict)  # streamed unit -> its state's h2d
     pace: StatePace = StatePace(spill_s=0.0, link_bytes_per_s=1.0)
+    hidden_grad: dict[int, str] = field(default_factory=dict)  # unit -> GPU slot of its dx
+    persistent_grads: frozenset[int] = frozenset()  # units whose GPU grads outlive a micro-batch
+    grads_written: set[int] = field(default_factory=set)  # units with grads in this micro-batch
+    homes: dict[tuple[PoolRole, int], str] = field(default_factory=dict)  # see `unit_homes`
+    tokens_slot: str = ""
+
+    def __post_init__(self) -> None:
+        self.homes = unit_homes(self.b.pools)
+        tokens = [p for p in self.b.pools if p.role == PoolRole.TOKENS]
+        self.tokens_slot = slot_id(tokens[0].name, 0) if tokens else ""
 
     @property
     def n(self) -> int:
@@ -69,6 +83,37 @@ class Ctx:
         """Id of a once-per-step op (the update and its I/O)."""
         return f"s{step}.L{unit}.{what}"
 
+    # -- values ----------------------------------------------------------------------------
+    def hidden(self, step: int, micro: int, unit: int, what: str) -> str:
+        """`s1.L3.x` (unit 3's input), `s1.L3.dx` (its gradient), `s1.L3.tape`."""
+        return self.oid(step, micro, unit, what)
+
+    def tokens(self, step: int, micro: int) -> Value:
+        return at(micro_prefix(step, micro, self.config.grad_accum) + "tokens", self.tokens_slot)
+
+    def on_gpu(self, unit: int) -> str:
+        """The GPU slot holding the unit's weights (and grads) now."""
+        slot = self.unit_slot.get(unit) or self.homes.get((R.RESIDENT, unit))
+        return slot or self.homes[(R.DEVICE_WEIGHTS, unit)]
+
+    def grads_on_gpu(self, unit: int) -> str:
+        slot = self.unit_slot.get(unit) or self.homes.get((R.RESIDENT, unit))
+        return slot or self.homes[(R.DEVICE_GRADS, unit)]
+
+    def weights_read(self, unit: int) -> Value:
+        return at(weights(unit), self.on_gpu(unit))
+
+    def grads_write(self, unit: int, micro: int) -> Value:
+        """The unit's GPU gradient as the next op writes it: the first write of a micro-batch
+        overwrites (unless the gradient persists across micro-batches), later ones add (a tied
+        embedding gets the LM head's gradient, then the lookup's)."""
+        acc = unit in self.grads_written or (unit in self.persistent_grads and micro > 0)
+        self.grads_written.add(unit)
+        return at(grads(unit), self.grads_on_gpu(unit), accumulate=acc)
+
+    def home(self, role: PoolRole, unit: int, what: str) -> Value:
+        return at(unit_value(unit, what), self.homes[(role, unit)])
+
 
 Hook = Callable[[int], None]
 
@@ -82,7 +127,9 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
     def oid(u: int, w: str) -> str:
         return ctx.oid(step, micro, u, w)
 
+    b.micro = micro  # what follows, up to the next micro-batch's forward, belongs to it
     before_layer(0)
+    ctx.grads_written.clear()
     (x1,) = b.emit(
         oid(0, "fwd"),
         K.FWD,
@@ -92,6 +139,8 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         work=Work(bytes=ctx.hidden_bytes),
         deps=[ctx.weights_ready.get(0)],
         acquire=["gpu_acts"],
+        reads=[ctx.weights_read(0)],
+        writes=[Taken(oid(1, "x")), ctx.tokens(step, micro)],
     )
     ctx.act_gpu[1], ctx.act_ready[1] = x1, oid(0, "fwd")
     for i in range(1, n + 1):
@@ -107,13 +156,18 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
             deps=[ctx.weights_ready.get(i)],
             acquire=["gpu_acts"],
             scratch=["gpu_workspace"],
-            release=[ctx.unit_slot.pop(i) if done_with_unit else None],
+            release=[ctx.unit_slot[i] if done_with_unit else None],
+            reads=[ctx.weights_read(i), at(oid(i, "x"), ctx.act_gpu[i])],
+            writes=[Taken(oid(i + 1, "x"))],
         )
+        if done_with_unit:
+            del ctx.unit_slot[i]
         ctx.act_gpu[i + 1], ctx.act_ready[i + 1] = out, oid(i, "fwd")
         if c.activations != "gpu":
             _save_activation(ctx, step, micro, i)
     before_layer(n + 1)
-    b.emit(
+    head, tied = n + 1, m.tied_embeddings
+    (ctx.hidden_grad[head],) = b.emit(
         oid(n + 1, "loss"),
         K.LOSS,
         "gpu",
@@ -125,9 +179,14 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
             elements=c.batch * c.seq * m.vocab_size,  # logits
         ),
         deps=[ctx.weights_ready.get(n + 1)],
+        acquire=["gpu_hidden_grads"],
         scratch=["gpu_workspace"],
-        release=[ctx.act_gpu.pop(n + 1)],
-    )
+        release=[ctx.act_gpu[head]],
+        reads=[ctx.weights_read(head), at(oid(head, "x"), ctx.act_gpu.pop(head)),
+               ctx.tokens(step, micro), ctx.weights_read(0) if tied else None],
+        writes=[ctx.grads_write(head, micro), Taken(oid(head, "dx")),
+                ctx.grads_write(0, micro) if tied else None],
+    )  # fmt: skip
 
 
 def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hook) -> None:
@@ -149,18 +208,29 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             work=layer_work(m, c, backward=False),
             deps=[ctx.weights_ready.get(j), ctx.act_ready.pop(j)],
             acquire=["gpu_workspace"],
+            reads=[ctx.weights_read(j), at(oid(j, "x"), ctx.act_gpu[j])],
+            writes=[Taken(oid(j, "tape"))],
         )
-        b.emit(
+        dx_in = ctx.hidden_grad.pop(j + 1)
+        (ctx.hidden_grad[j],) = b.emit(
             oid(j, "bwd"),
             K.BWD,
             "gpu",
             step=step,
             unit=j,
             work=layer_work(m, c, backward=True),
-            release=[ctx.workspace, ctx.act_gpu.pop(j)],
-        )
+            acquire=["gpu_hidden_grads"],
+            release=[ctx.workspace, ctx.act_gpu.pop(j), dx_in],
+            reads=[ctx.weights_read(j), at(oid(j, "tape"), ctx.workspace),
+                   at(oid(j + 1, "dx"), dx_in)],
+            writes=[ctx.grads_write(j, micro), Taken(oid(j, "dx"))],
+        )  # fmt: skip
         after_bwd(j)
-    b.emit(oid(0, "bwd"), K.BWD, "gpu", step=step, unit=0, work=Work(bytes=ctx.hidden_bytes))
+    dx_in = ctx.hidden_grad.pop(1)
+    b.emit(oid(0, "bwd"), K.BWD, "gpu", step=step, unit=0, work=Work(bytes=ctx.hidden_bytes),
+           release=[dx_in], reads=[ctx.weights_read(0), ctx.tokens(step, micro),
+                                   at(oid(1, "dx"), dx_in)],
+           writes=[ctx.grads_write(0, micro)])  # fmt: skip
     after_bwd(0)
 
 
@@ -193,7 +263,9 @@ def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:
         work=Work(bytes=hb),
         deps=[oid("fwd")],
         acquire=[home],
-        release=[ctx.act_gpu.pop(i)],
+        release=[ctx.act_gpu[i]],
+        reads=[at(oid("x"), ctx.act_gpu.pop(i))],
+        writes=[Taken(oid("x"))],
     )
     ctx.act_home[i], ctx.act_home_op[i] = slot, oid("act.save")
     ctx.act_ready.pop(i, None)
@@ -208,6 +280,8 @@ def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:
             deps=[oid("act.save")],
             acquire=["nvme_acts"],
             release=[slot],
+            reads=[at(oid("x"), slot)],
+            writes=[Taken(oid("x"))],
         )
         ctx.act_home[i], ctx.act_home_op[i] = disk, oid("act.write")
 
@@ -229,6 +303,8 @@ def read_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
         deps=[ctx.act_home_op[j]],
         acquire=["pinned_act_staging"],
         release=[ctx.act_home[j]],
+        reads=[at(ctx.hidden(step, micro, j, "x"), ctx.act_home[j])],
+        writes=[Taken(ctx.hidden(step, micro, j, "x"))],
     )
     ctx.act_home[j], ctx.act_home_op[j] = staging, op_id
 
@@ -248,7 +324,9 @@ def load_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
         work=Work(bytes=ctx.hidden_bytes),
         deps=[ctx.act_home_op.pop(j)],
         acquire=["gpu_acts"],
-        release=[ctx.act_home.pop(j)],
+        release=[ctx.act_home[j]],
+        reads=[at(ctx.hidden(step, micro, j, "x"), ctx.act_home.pop(j))],
+        writes=[Taken(ctx.hidden(step, micro, j, "x"))],
     )
     ctx.act_gpu[j], ctx.act_ready[j] = slot, op_id
 
@@ -265,6 +343,15 @@ def prefetch_activations(ctx: Ctx, step: int, micro: int, layer: int) -> None:
 def _drive(ctx: Ctx, layer: int) -> str:
     """Activations go to drives round-robin by layer: whole tensors, no striping."""
     return f"nvme{layer % ctx.drives}"
+
+
+def device_update(ctx: Ctx, step: int, unit: int) -> str:
+    """The GPU AdamW of a unit whose weights, grads and state live on the GPU; its op id."""
+    op_id, slot = ctx.sid(step, unit, "gpu_adam"), ctx.on_gpu(unit)
+    state = ctx.home(R.RESIDENT, unit, "state")
+    ctx.b.emit(op_id, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
+               reads=[at(grads(unit), slot), state], writes=[at(weights(unit), slot), state])  # fmt: skip
+    return op_id
 
 
 def adam_work(ctx: Ctx, unit: int) -> Work:
@@ -333,23 +420,46 @@ class OptimizerIo:
                 work=Work(bytes=share),
                 deps=[ctx.last_update.get(unit)],
                 acquire=[f"opt_staging_{unit_group(ctx, unit)}"],
+                reads=[ctx.home(R.NVME_STATE, unit, f"state{k}")],
+                writes=[Taken(unit_value(unit, f"state{k}"))],
             )
             ids.append(op_id)
             slots.append(slot)
         self.reads[unit], self.staging[unit] = ids, tuple(slots)
 
     def update(
-        self, order: list[int], unit: int, *, deps: list[str], release: tuple[str, ...] = ()
+        self,
+        order: list[int],
+        unit: int,
+        *,
+        deps: list[str],
+        grads: Value | None = None,
+        release: tuple[str, ...] = (),
     ) -> None:
-        """The CPU AdamW of `unit` (state read ahead from NVMe first, written back after);
-        `order` is the order the updates are emitted in, for the read-ahead."""
+        """The CPU AdamW of `unit` from its landed `grads` (state read ahead from NVMe first,
+        written back after); `order` is the order the updates are emitted in, for the read-ahead.
+        With several micro-batches the landed gradient is added into the accumulator first."""
         ctx = self.ctx
         reads = self.prefetch(order, order.index(unit))
         op_id = ctx.sid(self.step, unit, "adam")
+        acc = ctx.home(R.GRAD_ACCUM, unit, "gacc") if ctx.config.grad_accum > 1 else None
+        state = self._state(unit)
         ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, unit=unit, work=adam_work(ctx, unit),
-                   deps=[*deps, *reads], release=release)  # fmt: skip
+                   deps=[*deps, *reads], release=release, reads=[grads, acc, *state],
+                   writes=[acc and at(acc.name, acc.slot, accumulate=True),
+                           ctx.home(R.HOST_WEIGHTS, unit, "w"), *state])  # fmt: skip
         self.write_back(unit, op_id)
         ctx.last_update[unit] = op_id
+
+    def _state(self, unit: int) -> list[Value]:
+        """Where the update finds the unit's master and moments: RAM, or the staging slots of
+        its NVMe stripes (and the master in RAM when only the moments are on NVMe)."""
+        ctx = self.ctx
+        master = ctx.home(R.MASTER, unit, "master") if (R.MASTER, unit) in ctx.homes else None
+        if not self.on_nvme:
+            return [master, ctx.home(R.MOMENTS, unit, "moments")]  # type: ignore[list-item]
+        stripes = [at(unit_value(unit, f"state{k}"), s) for k, s in enumerate(self.staging[unit])]
+        return [*([master] if master else []), *stripes]
 
     def write_back(self, unit: int, update_op: str) -> None:
         """Emit the writes after `update_op`. The next step's read of the same stripe comes
@@ -368,4 +478,6 @@ class OptimizerIo:
                 work=Work(bytes=share),
                 deps=[update_op],
                 release=[slot],
+                reads=[at(unit_value(unit, f"state{k}"), slot)],
+                writes=[ctx.home(R.NVME_STATE, unit, f"state{k}")],
             )

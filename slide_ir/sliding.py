@@ -15,12 +15,14 @@ can travel when the link is free rather than when the unit is next (`_StateTraff
 
 from __future__ import annotations
 
-from slide_ir.graph import OpKind, Work
+from slide_ir.builder import Taken
+from slide_ir.graph import OpKind, PoolRole, Value, Work
 from slide_ir.ledger import FP32, unit_params
 from slide_ir.schedules import (
     Ctx,
     OptimizerIo,
     backward,
+    device_update,
     forward,
     gpu_adam_work,
     grad_accum_work,
@@ -28,8 +30,10 @@ from slide_ir.schedules import (
     prefetch_activations,
     unit_group,
 )
+from slide_ir.values import at, grads, weights
 
 K = OpKind
+R = PoolRole
 
 
 def emit_sliding(ctx: Ctx) -> None:
@@ -37,6 +41,7 @@ def emit_sliding(ctx: Ctx) -> None:
     layers = [i for i in range(1, n + 1) if i not in ctx.resident]
     ahead = max(min(c.cache_depth, len(layers)) - 1, 0)
     ctx.kept = frozenset(layers[len(layers) - ahead :]) if ahead else frozenset()
+    ctx.persistent_grads = ctx.resident
     for step in range(1, c.steps + 1):
         io = OptimizerIo(ctx, step)
         order = [u for u in (n + 1, *range(n, 0, -1), 0) if u not in ctx.resident]
@@ -108,9 +113,9 @@ class _Micro:
         what = "w.h2d" if self.phase == "fwd" else "w.h2d.bwd"
         op_id = ctx.oid(self.step, self.micro, unit, what)
         after = ctx.last_update.get(unit)
-        slot = _upload(
-            ctx, op_id, K.H2D_PARAM, self.step, unit, param_bytes(ctx, unit), after, pool
-        )
+        home = ctx.home(R.HOST_WEIGHTS, unit, "w")
+        slot = _upload(ctx, op_id, K.H2D_PARAM, self.step, unit, param_bytes(ctx, unit), after,
+                       pool, [home])  # fmt: skip
         ctx.unit_slot[unit], ctx.weights_ready[unit] = slot, op_id
 
     # -- gradients -----------------------------------------------------------------------------
@@ -122,13 +127,10 @@ class _Micro:
             return
         if unit in ctx.resident:
             if self.last:
-                op_id = ctx.sid(step, unit, "gpu_adam")
-                ctx.b.emit(
-                    op_id, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit)
-                )
-                ctx.last_update[unit] = op_id
+                ctx.last_update[unit] = device_update(ctx, step, unit)
             return
         d2h = ctx.oid(step, self.micro, unit, "g.d2h")
+        on_gpu = ctx.unit_slot.pop(unit)
         (landing,) = ctx.b.emit(
             d2h,
             K.D2H_GRAD,
@@ -138,9 +140,12 @@ class _Micro:
             work=Work(bytes=param_bytes(ctx, unit)),
             deps=[produced_by],
             acquire=[f"pinned_grads_{unit_group(ctx, unit)}"],
-            release=[ctx.unit_slot.pop(unit)],
+            release=[on_gpu],
+            reads=[at(grads(unit), on_gpu)],
+            writes=[Taken(grads(unit))],
         )
         if not self.last:
+            acc = ctx.home(R.GRAD_ACCUM, unit, "gacc")
             ctx.b.emit(
                 ctx.oid(step, self.micro, unit, "g.accum"),
                 K.GRAD_ACCUM,
@@ -150,21 +155,27 @@ class _Micro:
                 work=grad_accum_work(ctx, unit),
                 deps=[d2h],
                 release=[landing],
+                reads=[at(grads(unit), landing)],
+                writes=[at(acc.name, acc.slot, accumulate=self.micro > 0)],
             )
             return
-        self.io.update(self.order, unit, deps=[d2h], release=(landing,))
+        self.io.update(self.order, unit, deps=[d2h], grads=at(grads(unit), landing),
+                       release=(landing,))  # fmt: skip
 
     def _streamed_update(self, unit: int) -> None:
         """GPU AdamW of a streamed unit, then its new BF16 weights (and maybe its state) go down."""
         ctx, step = self.ctx, self.step
         adam = ctx.sid(step, unit, "gpu_adam")
+        slot, state = ctx.unit_slot.pop(unit), at(f"L{unit}.state", ctx.opt_slot[unit])
+        w = at(weights(unit), slot)
         ctx.b.emit(adam, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
-                   deps=[ctx.opt_ready.pop(unit)])  # fmt: skip
-        weights = ctx.sid(step, unit, "w.d2h")
-        ctx.b.emit(weights, K.W_D2H, "d2h", step=step, unit=unit,
-                   work=Work(bytes=param_bytes(ctx, unit)), deps=[adam],
-                   release=[ctx.unit_slot.pop(unit)])  # fmt: skip
-        ctx.last_update[unit] = weights
+                   deps=[ctx.opt_ready.pop(unit)], reads=[at(grads(unit), slot), state],
+                   writes=[w, state])  # fmt: skip
+        down = ctx.sid(step, unit, "w.d2h")
+        ctx.b.emit(down, K.W_D2H, "d2h", step=step, unit=unit,
+                   work=Work(bytes=param_bytes(ctx, unit)), deps=[adam], release=[slot],
+                   reads=[w], writes=[ctx.home(R.HOST_WEIGHTS, unit, "w")])  # fmt: skip
+        ctx.last_update[unit] = down
         self.state.updated(unit)
 
 
@@ -223,7 +234,8 @@ class _StateTraffic:
         self.sent += _state_bytes(ctx, unit)
         op_id, pool = ctx.sid(self.step, unit, "opt.h2d"), f"gpu_opt_{unit_group(ctx, unit)}"
         after = ctx.state_ready.get(unit)
-        slot = _upload(ctx, op_id, K.OPT_H2D, self.step, unit, _state_bytes(ctx, unit), after, pool)
+        slot = _upload(ctx, op_id, K.OPT_H2D, self.step, unit, _state_bytes(ctx, unit), after,
+                       pool, _host_state(ctx, unit), "state")  # fmt: skip
         ctx.opt_slot[unit], ctx.opt_ready[unit] = slot, op_id
 
     def updated(self, unit: int) -> None:
@@ -239,9 +251,11 @@ class _StateTraffic:
     def _download(self, unit: int) -> None:
         ctx, step = self.ctx, self.step
         op_id = ctx.sid(step, unit, "opt.d2h")
+        slot = ctx.opt_slot.pop(unit)
         ctx.b.emit(op_id, K.OPT_D2H, "d2h", step=step, unit=unit,
                    work=Work(bytes=_state_bytes(ctx, unit)), deps=[ctx.sid(step, unit, "gpu_adam")],
-                   release=[ctx.opt_slot.pop(unit)])  # fmt: skip
+                   release=[slot], reads=[at(f"L{unit}.state", slot)],
+                   writes=_host_state(ctx, unit))  # fmt: skip
         ctx.state_ready[unit] = op_id
 
 
@@ -254,11 +268,20 @@ def _upload(
     nbytes: int,
     after: str | None,
     pool: str,
+    reads: list[Value],
+    what: str = "w",
 ) -> str:
-    """An `h2d` copy of `nbytes` into a slot of `pool` once `after` is done; returns the slot."""
+    """An `h2d` copy of `nbytes` from `reads` into a slot of `pool` (as `L{unit}.{what}`) once
+    `after` is done; returns the slot."""
     (slot,) = ctx.b.emit(op_id, kind, "h2d", step=step, unit=unit, work=Work(bytes=nbytes),
-                         deps=[after], acquire=[pool])  # fmt: skip
+                         deps=[after], acquire=[pool], reads=reads,
+                         writes=[Taken(f"L{unit}.{what}")])  # fmt: skip
     return slot
+
+
+def _host_state(ctx: Ctx, unit: int) -> list[Value]:
+    """A streamed unit's FP32 master and moments in pinned RAM."""
+    return [ctx.home(R.MASTER, unit, "master"), ctx.home(R.MOMENTS, unit, "moments")]
 
 
 def _state_bytes(ctx: Ctx, unit: int) -> int:

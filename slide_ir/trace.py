@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from slide_ir.graph import Graph, GraphInfo, Op, lane_kind, load_versioned
+from slide_ir.graph import Graph, GraphInfo, Op, info_from_dict, lane_kind, load_versioned
 
 TRACE_VERSION = 1
 # GPU work that is model compute (what a compute-only run would still do).
@@ -97,7 +97,7 @@ class Trace:
         return cls(
             spans=tuple(_span_from_dict(s) for s in data["spans"]),
             memory=tuple(MemorySample(**m) for m in data["memory"]),
-            info=GraphInfo(**data["info"]),
+            info=info_from_dict(data["info"]),
             meta=data.get("meta", {}),
         )
 
