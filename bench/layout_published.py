@@ -33,7 +33,7 @@ from slide_ir.layout import Layout, balanced_split, bubble, layout_problems
 from slide_ir.layout_cluster import Cluster, load_cluster
 from slide_ir.layout_ledger import build_layout_ledger
 from slide_ir.layout_models import load_layout_model
-from slide_ir.layout_search import Estimate, search
+from slide_ir.layout_search import Estimate, search, time_memory_front
 from slide_ir.model import ModelSpec
 
 
@@ -159,26 +159,42 @@ def _terms(spec: ModelSpec, lay: Layout, e: Estimate, node: Cluster) -> str:
             f"{bubble(lay.pp, lay.m, lay.virtual_stages):.1%}, update {e.update_s:.1f}; {gib:.0f} GiB")  # fmt: skip
 
 
+def _front_cell(spec: ModelSpec, base: Layout, node: Cluster, dims: tuple[int, ...]) -> str:
+    """Where the published layout stands on the time/memory front, or what beats it on both."""
+    front = time_memory_front(spec, base, node)
+    at = [i for i, (x, _, _) in enumerate(front) if (x.tp, x.pp, x.cp, x.ep) == dims]
+    if at:
+        return f"on it, {at[0] + 1} of {len(front)}"
+    mine = next((x, e) for x, e in search(spec, base, node, top=100_000)
+            if (x.tp, x.pp, x.cp, x.ep) == dims)  # fmt: skip
+    gib = build_layout_ledger(spec, mine[0], node).gpu_bytes
+    better = [r for r in front if r[1].step_s <= mine[1].step_s and r[2] <= gib][-1]
+    return (f"no: {better[0].describe()} is {1 - better[1].step_s / mine[1].step_s:.1%} faster "
+            f"in {better[2] / 2**30:.0f} GiB")  # fmt: skip
+
+
 def ranks(node_name: str) -> list[str]:
     node = load_cluster(node_name)
     out = ["| model | GPUs | published layout | rank (plain all-to-all) | rank (--deepep) | "
-           "its tokens/s/GPU | best | best layout (plain) | published: step | best: step |",
-           "|---|---:|---|---|---|---:|---:|---|---|---|"]  # fmt: skip
+           "time/memory front (plain) | time/memory front (--deepep) | its tokens/s/GPU | best | "
+           "best layout (plain) | published: step | best: step |",
+           "|---|---:|---|---|---|---|---|---:|---:|---|---|---|"]  # fmt: skip
     for model, gpus, dims, batch in STARTING:
         spec = load_layout_model(model)
-        cells = []
+        cells, fronts = [], []
         for deepep in (False, True):
             base = Layout(gpus=gpus, seq=131072, cpu_adam=True, recompute=True,
                           distributed_optimizer=True, global_batch=batch, deepep=deepep)  # fmt: skip
             ranked = search(spec, base, node, top=100_000)
             at = [i for i, (x, _) in enumerate(ranked) if (x.tp, x.pp, x.cp, x.ep) == dims]
             cells.append((at[0] if at else None, ranked))
+            fronts.append(_front_cell(spec, base, node, dims) if at else "-")
         (i, ranked), (j, _) = cells
         mine, best = ranked[i] if i is not None else None, ranked[0]
         out.append(
             f"| {model} | {gpus} | TP{dims[0]}/PP{dims[1]}/CP{dims[2]}/EP{dims[3]} | "
             f"{'-' if i is None else i + 1} of {len(ranked)} | "
-            f"{'-' if j is None else j + 1} of {len(cells[1][1])} | "
+            f"{'-' if j is None else j + 1} of {len(cells[1][1])} | {fronts[0]} | {fronts[1]} | "
             f"{mine[1].tokens_per_s / gpus if mine else 0:.0f} | "
             f"{best[1].tokens_per_s / gpus:.0f} | {best[0].describe()} | "
             f"{_terms(spec, mine[0], mine[1], node) if mine else '-'} | "

@@ -13,7 +13,10 @@ shorter when interleaved. The simulator runs the graph; a test holds the two tog
 `search` enumerates TP (dividing a node), PP (dividing N; a PP that does not divide the layers
 gets `balanced_split`), CP (powers of two), EP (dividing the experts), keeps the layouts that
 break no rule and fit the ledger, and ranks them by `estimate`'s tokens/s (the global batch is
-fixed, so this is step time): fast enough for thousands of layouts.
+fixed, so this is step time): fast enough for thousands of layouts. `time_memory_front` keeps
+the layouts no other beats on both step time and GPU memory: the fastest layout for each memory
+budget, which is what a layout that leaves memory free (for robustness, longer sequences, or
+anything the ledger does not hold) is chosen from.
 """
 
 from __future__ import annotations
@@ -145,9 +148,28 @@ def search(
     spec: ModelSpec, base: Layout, cluster: Cluster, *, top: int = 10
 ) -> list[tuple[Layout, Estimate]]:
     """Valid layouts that fit, fastest first (at most `top`)."""
-    ranked = []
+    return [(lay, e) for lay, e, _ in _fitting(spec, base, cluster)][:top]
+
+
+def time_memory_front(
+    spec: ModelSpec, base: Layout, cluster: Cluster
+) -> list[tuple[Layout, Estimate, int]]:
+    """(layout, estimate, GPU bytes) of the fitting layouts that no other fitting layout beats on
+    both step time and GPU memory, fastest (and so largest) first."""
+    front: list[tuple[Layout, Estimate, int]] = []
+    for row in _fitting(spec, base, cluster):  # fastest first: kept if smaller than all kept
+        if all(row[2] < kept[2] for kept in front):
+            front.append(row)
+    return front
+
+
+def _fitting(spec: ModelSpec, base: Layout, cluster: Cluster) -> list[tuple[Layout, Estimate, int]]:
+    """Every valid layout that fits, with its estimate and GPU bytes, fastest first (ties: the
+    smaller first)."""
+    rows = []
     for lay in candidates(spec, base, cluster.gpus_per_node):
-        if build_layout_ledger(spec, lay, cluster).fits:
-            ranked.append((lay, estimate(spec, lay, cluster)))
-    ranked.sort(key=lambda r: -r[1].tokens_per_s)
-    return ranked[:top]
+        led = build_layout_ledger(spec, lay, cluster)
+        if led.fits:
+            rows.append((lay, estimate(spec, lay, cluster), led.gpu_bytes))
+    rows.sort(key=lambda r: (-r[1].tokens_per_s, r[2]))
+    return rows

@@ -14,7 +14,7 @@ from slide_ir.layout import Layout, check_layout
 from slide_ir.layout_cluster import Cluster, cluster_names, load_cluster
 from slide_ir.layout_ledger import advice, build_layout_ledger
 from slide_ir.layout_models import load_layout_model
-from slide_ir.layout_search import search
+from slide_ir.layout_search import search, time_memory_front
 from slide_ir.model import ModelSpec
 
 NAME = "layout"
@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequences per step [m x DP x micro-batch; --search: N]")  # fmt: skip
     parser.add_argument("--search", action="store_true", help="rank every valid layout that fits")
     parser.add_argument("--top", type=int, default=8, help="layouts --search shows [8]")
+    parser.add_argument("--front", action="store_true",
+                        help="with --search: only the layouts no other beats on both step time "
+                        "and GPU memory (the fastest for each memory budget)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -112,21 +115,28 @@ def _search(
 ) -> dict[str, Any]:
     if args.top < 1:
         raise UserError(f"--top must be >= 1; got {args.top}")
-    ranked = search(spec, base, cluster, top=args.top)
+    if args.front:
+        ranked = time_memory_front(spec, base, cluster)
+    else:
+        ranked = [(lay, e, build_layout_ledger(spec, lay, cluster).gpu_bytes)
+                  for lay, e in search(spec, base, cluster, top=args.top)]  # fmt: skip
     rows = [
         {"layout": lay.describe(), "tokens_per_s_per_gpu": e.tokens_per_s / lay.gpus,
          "step_time_s": e.step_s, "mfu": e.mfu, "exposed_comm_s": e.comm_s,
-         "gpu_gib": build_layout_ledger(spec, lay, cluster).gpu_bytes / GIB}
-        for lay, e in ranked
+         "gpu_gib": gpu_bytes / GIB}
+        for lay, e, gpu_bytes in ranked
     ]  # fmt: skip
     return {"model": spec.name, "machine": cluster.name, "gpus": base.gpus,
-            "global_batch": base.batch, "seq": base.seq, "search": rows}  # fmt: skip
+            "global_batch": base.batch, "seq": base.seq, "front": args.front,
+            "search": rows}  # fmt: skip
 
 
 def render(out: dict[str, Any]) -> str:
     if "search" in out:
+        what = ("the fastest layout for each GPU memory budget" if out.get("front")
+                else "layouts that fit")  # fmt: skip
         lines = [f"{out['model']} on {out['gpus']} GPUs ({out['machine']}), global batch "
-                 f"{out['global_batch']} x {out['seq']}: layouts that fit, fastest first"]  # fmt: skip
+                 f"{out['global_batch']} x {out['seq']}: {what}, fastest first"]  # fmt: skip
         for i, r in enumerate(out["search"], 1):
             comm = ", ".join(f"{k} {v:.2f}s" for k, v in r["exposed_comm_s"].items() if v > 0)
             lines.append(f"{i:2d}. {r['layout']:48s} {r['tokens_per_s_per_gpu']:9.0f} tok/s/GPU  "

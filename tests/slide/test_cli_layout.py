@@ -37,6 +37,17 @@ def test_search_lists_layouts(capsys):
     assert out.count("tok/s/GPU") == 3
 
 
+def test_search_front_lists_time_against_memory(capsys):
+    code, out, _ = run(capsys, "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "131072",
+                       "--cpu-adam", "--recompute", "--distributed-optimizer", "--global-batch",
+                       "8", "--search", "--front", "--json")  # fmt: skip
+    rows = json.loads(out)["search"]
+    assert code == 0 and len(rows) >= 2
+    steps, gib = [r["step_time_s"] for r in rows], [r["gpu_gib"] for r in rows]
+    assert steps == sorted(steps) and gib == sorted(gib, reverse=True)
+    assert any(r["layout"].startswith("TP2 PP1 CP4 EP8") for r in rows)  # the published one
+
+
 def test_invalid_layout_is_one_line_and_exit_2(capsys):
     code, out, err = run(capsys, "--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "3")
     assert code == 2 and not out

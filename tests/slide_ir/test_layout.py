@@ -22,7 +22,7 @@ from slide_ir.layout_cost import FA3_CAUSAL_CURVE, LayoutCosts, attention_effici
 from slide_ir.layout_graph import layout_graph, one_f_one_b
 from slide_ir.layout_ledger import FRAGMENTATION, build_layout_ledger, stage_terms
 from slide_ir.layout_models import load_layout_model
-from slide_ir.layout_search import candidates, estimate, search
+from slide_ir.layout_search import candidates, estimate, search, time_memory_front
 from slide_ir.layout_work import all_stages, stage_work
 
 NODE = load_cluster("h200-8gpu-node")
@@ -271,6 +271,20 @@ def test_published_starting_layouts_are_feasible_search_answers(model, gpus, dim
                   distributed_optimizer=True, global_batch=batch)  # fmt: skip
     found = [(x.tp, x.pp, x.cp, x.ep) for x, _ in search(spec, base, NODE, top=100_000)]
     assert dims in found
+
+
+def test_time_memory_front_keeps_exactly_the_undominated_layouts():
+    base = Layout(gpus=16, seq=8192, global_batch=32, recompute=True, distributed_optimizer=True)
+    rows = [(lay, e.step_s, build_layout_ledger(QWEN_MOE, lay, NODE).gpu_bytes)
+            for lay, e in search(QWEN_MOE, base, NODE, top=1000)]  # fmt: skip
+    front = {lay for lay, _, _ in time_memory_front(QWEN_MOE, base, NODE)}
+
+    def beaten(t: float, b: int) -> bool:
+        return any(u <= t and c <= b and (u, c) != (t, b) for _, u, c in rows)
+
+    assert {lay for lay, t, b in rows if not beaten(t, b)} <= front
+    assert not any(beaten(t, b) for lay, t, b in rows if lay in front)
+    assert rows[0][0] in front  # the fastest layout is on it
 
 
 def test_stages_cover_the_model():
