@@ -25,7 +25,7 @@ from slide_ir.layout import Layout
 from slide_ir.layout_cluster import load_cluster
 from slide_ir.layout_ledger import build_layout_ledger
 from slide_ir.layout_models import load_layout_model
-from slide_ir.layout_search import search
+from slide_ir.layout_search import search, time_memory_front
 
 CASES = [
     ("llama-3.1-70b", "h100-8gpu-node",
@@ -65,3 +65,19 @@ spec, cluster, lay = best["qwen3-30b-a3b"]
 run = simulate_layout(spec, lay, cluster)
 print({k: round(v, 3) for k, v in run.summary().items() if k != "comm_share"})
 print("communication busy share:", {k: round(v, 3) for k, v in run.comm_share.items()})
+
+# %% [markdown]
+# Speed is not the only axis: the fastest MoE layout takes most of the GPU. The time/memory front
+# (`slide layout --search --front`) keeps the fastest layout for each memory budget; the published
+# starting layout for this model at 128K tokens (TP2/PP1/CP4/EP8) is one of its points.
+
+# %%
+spec, cluster, _ = best["qwen3-30b-a3b"]
+front = time_memory_front(spec, CASES[1][2], cluster)
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.plot([b / 2**30 for *_, b in front], [e.step_s for _, e, _ in front], "o-")
+for lay, e, b in front:
+    ax.annotate(f"TP{lay.tp} CP{lay.cp} EP{lay.ep}", (b / 2**30, e.step_s), fontsize=7)
+ax.set_xlabel("GiB per GPU")
+ax.set_ylabel("predicted step (s)")
+fig.tight_layout()
