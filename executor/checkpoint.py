@@ -99,16 +99,24 @@ class RandomInit(Mapping[str, torch.Tensor]):
         self.spec, self.seed, self._names = spec, seed, param_names(spec)
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        return self.fill(name, torch.empty(self.shape_of(name)))
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
         if name not in self._names:
             raise KeyError(name)
-        shape = param_shape(self.spec, name)
+        return tuple(param_shape(self.spec, name))
+
+    def fill(self, name: str, out: torch.Tensor) -> torch.Tensor:
+        """Write tensor `name` into `out` (contiguous, its shape, any float dtype)."""
+        if tuple(out.shape) != self.shape_of(name):
+            raise ValueError(f"{name}: out has shape {tuple(out.shape)}, not {self.shape_of(name)}")
         if name.endswith("norm.weight"):
-            return torch.ones(shape)
+            return out.fill_(1.0)
         if name.endswith(".bias"):
-            return torch.zeros(shape)
+            return out.zero_()
         digest = hashlib.sha256(f"{self.seed}:{name}".encode()).digest()
         gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-        return torch.empty(shape).normal_(0.0, INITIALIZER_RANGE, generator=gen)
+        return out.normal_(0.0, INITIALIZER_RANGE, generator=gen)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -165,10 +173,20 @@ class SafetensorsWeights(Mapping[str, torch.Tensor]):
             raise CheckpointError(f"cannot read {name} from {file}: {exc}") from None
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        return self._read(name).float()
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return self.header(name)[1]
+
+    def fill(self, name: str, out: torch.Tensor) -> torch.Tensor:
+        """Copy tensor `name` into `out`, cast to its dtype (no FP32 temporary)."""
+        return out.copy_(self._read(name))
+
+    def _read(self, name: str) -> torch.Tensor:
         file = self._file(name)
         try:
             with safe_open(str(file), framework="pt") as f:
-                return f.get_tensor(name).float()
+                return f.get_tensor(name)
         except Exception as exc:  # safetensors raises its own error types for corrupt files
             raise CheckpointError(f"cannot read {name} from {file}: {exc}") from None
 

@@ -14,6 +14,11 @@ AVX2 or portable) and torch's version, so a cache shared by different hosts neve
 built for another CPU. If the build fails, `kernel()` returns None, the failure is logged once
 with its reason, and `adam.py` keeps the torch path.
 
+Start-up: a library already built (newer than this file and the source) is loaded directly,
+without cpp_extension's ninja check; `prebuild()` starts the build on a thread so it overlaps
+a run's set-up (a fresh host compiles it once, ~10-20 s); a build lock older than
+`STALE_LOCK_S` (its builder was killed: cpp_extension would wait for it forever) is removed.
+
 Invariant: `adamw_` takes 1-D contiguous CPU tensors of one length; master FP32, m and v one
 dtype (FP32 or BF16), gradient and out FP32, BF16 or FP16.
 """
@@ -46,6 +51,8 @@ ISA_FLAGS = {
 }
 
 Kernel = Callable[..., None]
+STALE_LOCK_S = 600.0  # no build takes this long; an older lock's builder is gone
+ready_s: float | None = None  # seconds the kernel took to become ready (load or build)
 
 
 def isa() -> str:
@@ -68,15 +75,55 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
 
 
+def _extensions_dir() -> Path:
+    """torch's extension cache, as cpp_extension's `_get_build_directory` finds it."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return Path(root)
+    hip, cuda = torch.version.hip, torch.version.cuda
+    accel = (
+        f"rocm{hip.replace('.', '')}" if hip else f"cu{cuda.replace('.', '')}" if cuda else "cpu"
+    )
+    py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return Path.home() / ".cache" / "torch_extensions" / f"{py}_{accel}"
+
+
+def _load_built(name: str) -> bool:
+    """Load `name`'s library if a build newer than the source and this module is there."""
+    lib = _extensions_dir() / name / f"{name}.so"
+    try:
+        newest = max(SOURCE.stat().st_mtime, Path(__file__).stat().st_mtime)
+        if lib.stat().st_mtime < newest:
+            return False
+    except OSError:
+        return False
+    torch.ops.load_library(str(lib))
+    return True
+
+
+def _clear_stale_lock(name: str) -> None:
+    lock = _extensions_dir() / name / "lock"
+    with contextlib.suppress(OSError):
+        age = time.time() - lock.stat().st_mtime
+        if age > STALE_LOCK_S:
+            log.warning("removing %s, %.0f s old: its build was killed", lock, age)
+            lock.unlink()
+
+
 def _build(target: str) -> Kernel:
+    global ready_s
+    tag = torch.__version__.split("+")[0].replace(".", "_")
+    name = f"slide_host_adam_{target}_t{tag}"
+    start = time.perf_counter()
+    if _load_built(name):
+        ready_s = time.perf_counter() - start
+        log.info("host AdamW kernel %s loaded in %.2f s", name, ready_s)
+        return torch.ops.slide_host_adam.adamw_
     from torch.utils import cpp_extension  # here, not at import: only the cpu lane needs it
 
     _ninja_on_path()
-
-    tag = torch.__version__.split("+")[0].replace(".", "_")
-    name = f"slide_host_adam_{target}_t{tag}"
+    _clear_stale_lock(name)
     flags = [*BASE_FLAGS, *ISA_FLAGS[target]]
-    start = time.perf_counter()
     cpp_extension.load(
         name=name,
         sources=[str(SOURCE)],
@@ -85,7 +132,8 @@ def _build(target: str) -> Kernel:
         is_python_module=False,
         verbose=False,
     )
-    log.info("host AdamW kernel %s ready in %.1f s", name, time.perf_counter() - start)
+    ready_s = time.perf_counter() - start
+    log.info("host AdamW kernel %s built in %.1f s", name, ready_s)
     return torch.ops.slide_host_adam.adamw_
 
 
@@ -96,6 +144,11 @@ def kernel() -> Kernel | None:
     """The compiled `adamw_` op, built on first call; None (logged once) if it cannot be built."""
     with _LOCK:
         return _kernel()
+
+
+def prebuild() -> None:
+    """Start loading or building the kernel on a daemon thread; `kernel()` waits for it."""
+    threading.Thread(target=kernel, name="host-adam-build", daemon=True).start()
 
 
 @functools.cache

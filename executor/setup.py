@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,11 +24,14 @@ from executor.buffers import Buffers, Placement, Setup, allocate, stripe_bytes
 from executor.env import Env, Tokens
 from executor.layout import unit_layouts
 from executor.nvme import NvmeDirs, NvmeStore, StripeFormat, backend_for
+from executor.phases import Phases
 from slide_ir.graph import Graph, OpKind, Tier, slot_pool
 from slide_ir.ledger import lce_chunk_tokens, resident_preference
 from slide_ir.planner import Plan
 from slide_ir.trace import MemorySample
 from slide_ir.zero_offload import grad_buckets
+
+T = TypeVar("T")
 
 
 @dataclass(kw_only=True)
@@ -174,6 +177,11 @@ def _setup(p: Plan, device: torch.device, dtype: torch.dtype) -> Setup:
     )
 
 
+def _timed(phases: Phases, name: str, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    with phases(name):
+        return fn(*args, **kw)
+
+
 def build(
     p: Plan,
     *,
@@ -185,10 +193,14 @@ def build(
     nvme_dir: NvmeDirs,
     initial_state: Mapping[str, torch.Tensor],
     initial_optim_state: Mapping[str, torch.Tensor] | None,
+    phases: Phases | None = None,
 ) -> Run:
-    s = _setup(p, device, dtype)
-    state.check_names(s.layouts, initial_state, p.model.tied_embeddings)
-    buffers: Buffers = allocate(p.graph, s)
+    phases = phases or Phases()
+    with phases("engine check"):
+        s = _setup(p, device, dtype)
+        state.check_names(s.layouts, initial_state, p.model.tied_embeddings)
+    with phases("buffers"):
+        buffers: Buffers = allocate(p.graph, s)
     c = p.config
     act_bytes = c.batch * c.seq * p.model.hidden_size * dtype.itemsize
     store, fmt = _nvme(p, s, nvme_dir, act_bytes, device.type == "cuda")
@@ -197,7 +209,8 @@ def build(
         layouts=s.layouts,
         placement=s.placement,
         buffers=buffers,
-        bind=bind_graph(p.graph, s.placement, tied=p.model.tied_embeddings),
+        bind=_timed(phases, "bindings", bind_graph, p.graph, s.placement,
+                    tied=p.model.tied_embeddings),  # fmt: skip
         rope=layers.make_rope(p.model, c.seq, device, dtype),
         device=device,
         dtype=dtype,
@@ -221,7 +234,8 @@ def build(
         stripes=fmt,
     )
     try:
-        state.load(env, initial_state, initial_optim_state)
+        with phases("state"):
+            state.load(env, initial_state, initial_optim_state)
     except BaseException:
         if store is not None:  # no Run to close yet: remove the NVMe files here
             store.close()

@@ -5,11 +5,19 @@ and, to resume, the Adam moments (`<name>.exp_avg`, `<name>.exp_avg_sq`). Each u
 are packed into its flat layout and put where the plan keeps the unit: FP32 master + moments
 in RAM / on NVMe / on the device, plus the compute-dtype copy the first upload (or the first
 forward, for units living on the device) reads. Out: the same names, read back from there.
+
+Start-up cost: a state that can write a tensor straight into a buffer (`fill(name, out)`, as
+`RandomInit` and `SafetensorsWeights` do) is written into the unit's host master, with no
+temporary; shapes are checked from `shape_of(name)` without making the tensors; fresh moments
+are left as allocated (zero); units load in parallel threads (the random init of one tensor is
+one thread's work).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -34,11 +42,8 @@ def check_names(
     if tied:
         have.discard("lm_head.weight")  # a tied head saved anyway: it is the embedding
     missing, extra = sorted(set(want) - have), sorted(have - set(want))
-    bad = [
-        f"{n} {tuple(state[n].shape)} != {want[n]}"
-        for n in sorted(have & set(want))
-        if tuple(state[n].shape) != want[n]
-    ]
+    shapes = {n: _shape(state, n) for n in sorted(have & set(want))}
+    bad = [f"{n} {shape} != {want[n]}" for n, shape in shapes.items() if shape != want[n]]
     problems = []
     if missing:
         problems.append(f"missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
@@ -50,11 +55,26 @@ def check_names(
         raise StateDictError("initial state does not match the model: " + "; ".join(problems))
 
 
-def pack(layout: UnitLayout, named: Mapping[str, torch.Tensor], suffix: str = "") -> torch.Tensor:
-    """A unit's flat FP32 tensor from HF-named tensors (`suffix` picks moments: `.exp_avg`)."""
-    flat = torch.empty(layout.numel, dtype=torch.float32)
+def _shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
+    shape_of = getattr(state, "shape_of", None)
+    return tuple(shape_of(name) if shape_of else state[name].shape)
+
+
+def pack(
+    layout: UnitLayout,
+    named: Mapping[str, torch.Tensor],
+    suffix: str = "",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A unit's flat FP32 tensor from HF-named tensors (`suffix` picks moments: `.exp_avg`),
+    written into `out` when given."""
+    flat = torch.empty(layout.numel, dtype=torch.float32) if out is None else out
+    fill = getattr(named, "fill", None)
     for name, view in layout.hf_views(flat).items():
-        view.copy_(named[name + suffix])
+        if fill is not None:
+            fill(name + suffix, view)
+        else:
+            view.copy_(named[name + suffix])
     return flat
 
 
@@ -84,30 +104,43 @@ def _fill(state: OptState, master: torch.Tensor, m: torch.Tensor, v: torch.Tenso
 def load(
     env: Env, state: Mapping[str, torch.Tensor], optim: Mapping[str, torch.Tensor] | None
 ) -> None:
-    """Put the initial weights (and moments) into every unit's homes. Runs before the lanes."""
-    for unit, layout in env.layouts.items():
-        master = pack(layout, state)
-        m, v = _moments(layout, optim)
-        items = env.buffers.items
-        if f"devopt.{unit}" in items:  # resident / gpu-only: everything on the device
-            dev = env.buffers[f"devopt.{unit}"]
-            assert isinstance(dev, OptState)
-            _fill(dev, master.to(env.device), m.to(env.device), v.to(env.device))
-            env.buffers.gpu_unit(f"gpu.{unit}").w.copy_(dev.master)
-            continue
-        if f"master.{unit}" in items:
-            env.buffers.tensor(f"master.{unit}").copy_(master)
-        if f"moments.{unit}" in items:
-            moments = env.buffers.tensor(f"moments.{unit}")
-            moments[: layout.numel].copy_(m)
-            moments[layout.numel :].copy_(v)
-        if env.nvme is not None:
-            _write_stripes(env, unit, master, m, v)
-        env.buffers.tensor(f"bf16.{unit}").copy_(master)
-        if f"gpu.{unit}" in items:  # ZeRO-offload: the whole model starts on the device
-            env.buffers.gpu_unit(f"gpu.{unit}").w.copy_(master)
+    """Put the initial weights (and moments) into every unit's homes. Runs before the lanes;
+    units in parallel, but one at a time where NVMe files are written."""
+    workers = 1 if env.nvme is not None else min(LOAD_THREADS, os.cpu_count() or 1)
+    units = sorted(env.layouts, key=lambda u: -env.layouts[u].numel)  # the largest first
+    with ThreadPoolExecutor(workers, thread_name_prefix="slide-load") as pool:
+        for done in [pool.submit(_load_unit, env, u, state, optim) for u in units]:
+            done.result()
     if env.cuda:
         torch.cuda.synchronize(env.device)
+
+
+LOAD_THREADS = 8  # random init is one thread per tensor; copies are memory-bound beyond ~8
+
+
+def _load_unit(
+    env: Env, unit: int, state: Mapping[str, torch.Tensor], optim: Mapping[str, torch.Tensor] | None
+) -> None:
+    layout, items = env.layouts[unit], env.buffers.items
+    if f"devopt.{unit}" in items:  # resident / gpu-only: everything on the device
+        master = pack(layout, state)
+        m, v = _moments(layout, optim)
+        dev = env.buffers[f"devopt.{unit}"]
+        assert isinstance(dev, OptState)
+        _fill(dev, master.to(env.device), m.to(env.device), v.to(env.device))
+        env.buffers.gpu_unit(f"gpu.{unit}").w.copy_(dev.master)
+        return
+    home = items.get(f"master.{unit}")  # None: the master lives on NVMe
+    master = pack(layout, state, out=home if isinstance(home, torch.Tensor) else None)
+    if optim is not None and f"moments.{unit}" in items:  # fresh moments: zero as allocated
+        moments = env.buffers.tensor(f"moments.{unit}")
+        pack(layout, optim, EXP_AVG, out=moments[: layout.numel])
+        pack(layout, optim, EXP_AVG_SQ, out=moments[layout.numel :])
+    if env.nvme is not None:
+        _write_stripes(env, unit, master, *_moments(layout, optim))
+    env.buffers.tensor(f"bf16.{unit}").copy_(master)
+    if f"gpu.{unit}" in items:  # ZeRO-offload: the whole model starts on the device
+        env.buffers.gpu_unit(f"gpu.{unit}").w.copy_(master)
 
 
 def _stripe_parts(env: Env, unit: int) -> list[tuple[torch.Tensor, Part]]:

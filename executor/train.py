@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from executor import host_adam
 from executor import knobs as knobs_mod
 from executor import setup as setup_mod
 from executor.adam import AdamWConfig
@@ -34,6 +35,7 @@ from executor.loop import (
     graph_config,
     graph_plan,
 )
+from executor.phases import Phases
 from executor.recording import DEFAULT_TRACE_STEPS, StepWindow
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import Machine
@@ -79,6 +81,7 @@ def train(
     on_save: OnSave | None = None,
     trace_steps: tuple[int, int] = DEFAULT_TRACE_STEPS,
     log_every: int = 10,
+    phases: Phases | None = None,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps. See the module docstring.
 
@@ -95,6 +98,7 @@ def train(
     graph's plan: its steps may be fewer than `config.steps`). The trace keeps the spans and
     memory samples of steps `trace_steps` (A, B: 1-based, inclusive, counted in this call);
     every `log_every` steps on_step's metrics add tokens/s and lane busy shares over them.
+    `phases` times set-up and hand-back (`executor.phases`); the lanes start at its "lanes" mark.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be >= 1, got {log_every}")
@@ -109,6 +113,8 @@ def train(
     check_feasible(p, dev)
     optim = optim or AdamWConfig()
     total = optim.total_steps or (start_step + config.steps)
+    phases = phases or Phases()
+    host_adam.prebuild()  # overlaps the set-up below (a fresh host compiles it)
     with tempfile.TemporaryDirectory(prefix="slide-nvme-") as tmp:
         run = setup_mod.build(
             p,
@@ -120,6 +126,7 @@ def train(
             nvme_dir=nvme_dir or Path(tmp),  # drive k's file in nvme_dir[k % len]; none: a tmp dir
             initial_state=initial_state,
             initial_optim_state=initial_optim_state,
+            phases=phases,
         )
         try:
             driver = Driver(
@@ -134,17 +141,24 @@ def train(
                 log_every=log_every,
                 cpu_threads=optimizer_threads(p.config) if run.env.cuda else None,
             )
-            return _result(p, run, driver)
+            return _result(p, run, driver, phases)
         except torch.OutOfMemoryError as exc:
             exc.add_note(_ledger_note(p))
             raise
         finally:
-            run.close()
+            with phases("release"):
+                run.close()
 
 
-def _result(p: Plan, run: setup_mod.Run, driver: Driver) -> TrainResult:
+def _result(p: Plan, run: setup_mod.Run, driver: Driver, phases: Phases) -> TrainResult:
+    phases.mark("lanes")
     pr = driver.run()
-    weights, moments = run.extract()
+    if "first step end" in phases.marks:
+        phases.add("steps", phases.since("first step end"))
+    if host_adam.ready_s is not None:
+        phases.add("host AdamW kernel", host_adam.ready_s, overlapped=True)
+    with phases("hand-back"):
+        weights, moments = run.extract()
     now = time.perf_counter() - pr.recorder.t0  # the host copy of GPU-kept state counts too
     pr.memory.add(pr.done, run.memory_sample(now))
     trace = Trace(

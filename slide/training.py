@@ -29,6 +29,7 @@ from executor.adam import AdamWConfig
 from executor.checkpoint import initial_weights
 from executor.data import CORPUS, TokenStream, batches, load_token_stream
 from executor.loop import graph_config, graph_plan
+from executor.phases import Phases, since_process_start
 from executor.recording import DEFAULT_TRACE_STEPS
 from executor.tokenizer import build_tiny_tokenizer
 from executor.train import (
@@ -91,8 +92,30 @@ class TrainRequest:
     progress: bool = True
 
 
+# the phases a summary reports, in order; `to_first_step_s` sums the start-up ones
+STARTUP = (
+    "imports",
+    "model spec",
+    "machine",
+    "resume",
+    "plan",
+    "data",
+    "weights source",
+    "output directory",
+    "engine check",
+    "buffers",
+    "bindings",
+    "state",
+    "first step",
+)
+SHUTDOWN = ("steps", "hand-back", "release", "save", "report")
+
+
 def run_training(req: TrainRequest) -> dict[str, Any]:
-    """Train as `req` says; the summary's `interrupted` tells whether Ctrl-C ended it."""
+    """Train as `req` says; the summary's `interrupted` tells whether Ctrl-C ended it, its
+    `startup` and `shutdown` where the wall time went before the first step and after it."""
+    phases = Phases()
+    phases.add("imports", since_process_start())  # from the command to here
     if req.log_every < 1:
         raise UserError(f"--log-every must be a step count >= 1, got {req.log_every}")
     if req.save_every < 0:
@@ -102,9 +125,11 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
     device = torch.device(req.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is visible here (use --device cpu)")
-    saved = _saved_plan(req.plan_file)
-    spec = saved.model if saved else load_model(req.model)
-    machine = saved.machine if saved else resolve_machine(req, device)
+    with phases("model spec"):
+        saved = _saved_plan(req.plan_file)
+        spec = saved.model if saved else load_model(req.model)
+    with phases("machine"):
+        machine = saved.machine if saved else resolve_machine(req, device)
     req = replace(req, config=saved.config if saved else req.config)
     optim = AdamWConfig(
         lr=req.lr,
@@ -114,28 +139,34 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
         betas=req.betas,
         eps=req.eps,
     )
-    resumed = (
-        read_checkpoint(req.resume, spec, req.config, optim, extend_schedule=req.extend_schedule)
-        if req.resume
-        else None
-    )
+    with phases("resume"):
+        resumed = (
+            read_checkpoint(req.resume, spec, req.config, optim,
+                            extend_schedule=req.extend_schedule)
+            if req.resume
+            else None
+        )  # fmt: skip
     start = resumed.steps_done if resumed else 0
     optim = replace(optim, total_steps=resumed.total_steps if resumed else req.config.steps)
     remaining = replace(req.config, steps=req.config.steps - start)
-    the_plan = (
-        graph_plan(saved, remaining.steps)
-        if saved
-        else plan(spec, machine, graph_config(remaining))
-    )
+    with phases("plan"):
+        the_plan = (
+            graph_plan(saved, remaining.steps)
+            if saved
+            else plan(spec, machine, graph_config(remaining))
+        )
+        try:
+            check_feasible(the_plan, device)
+        except InfeasiblePlanError as exc:
+            raise UserError(str(exc)) from None
+    with phases("data"):
+        data = _data(req, spec, start)
+    with phases("weights source"):
+        weights = resumed.weights if resumed else _initial(req, spec)
+    with phases("output directory"):
+        run_dir = _open_out(req, resumed)
     try:
-        check_feasible(the_plan, device)
-    except InfeasiblePlanError as exc:
-        raise UserError(str(exc)) from None
-    data = _data(req, spec, start)
-    weights = resumed.weights if resumed else _initial(req, spec)
-    run_dir = _open_out(req, resumed)
-    try:
-        return _run(req, the_plan, optim, data, weights, resumed, run_dir)
+        return _run(req, the_plan, optim, data, weights, resumed, run_dir, phases)
     finally:
         if run_dir is not None:
             run_dir.close()
@@ -156,10 +187,11 @@ def _run(
     weights: Mapping[str, torch.Tensor],
     resumed: Resumed | None,
     run_dir: RunDir | None,
+    phases: Phases,
 ) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
     ckpt = _checkpointer(req, the_plan.model, optim, run_dir) if run_dir else None
-    reporter = _Reporter(req, total=req.config.steps, start=start)
+    reporter = _Reporter(req, total=req.config.steps, start=start, phases=phases)
     stop = _CtrlC()
     result = None
     try:
@@ -182,14 +214,16 @@ def _run(
                 on_save=ckpt.save if ckpt else None,
                 trace_steps=req.trace_steps,
                 log_every=req.log_every,
+                phases=phases,
             )
             stop.finishing()
             done = start + result.steps_done
             if ckpt:
-                ckpt.wait()
-                if result.steps_done:
-                    state = (result.final_state, result.optim_state)
-                    ckpt.save(done, lambda: state, background=False)
+                with phases("save"):
+                    ckpt.wait()
+                    if result.steps_done:
+                        state = (result.final_state, result.optim_state)
+                        ckpt.save(done, lambda: state, background=False)
     except KeyboardInterrupt:
         if ckpt:
             ckpt.cancel()
@@ -203,7 +237,21 @@ def _run(
     finally:
         reporter.close()
     last = ckpt.last if ckpt else None
-    return _finish(req, result, reporter, done, the_plan.machine, last, interrupted=stop.requested)
+    with phases("report"):
+        summary = _finish(req, result, reporter, done, the_plan.machine, last,
+                          interrupted=stop.requested)  # fmt: skip
+    return {**summary, **_phase_summary(phases)}
+
+
+def _phase_summary(phases: Phases) -> dict[str, Any]:
+    """`startup`: seconds per phase from the command to the first step's end, and their sum;
+    `shutdown`: the same from the first step's end to here (the steps included, apart)."""
+    startup, shutdown = phases.table(STARTUP), phases.table(SHUTDOWN)
+    startup["to_first_step_s"] = round(sum(startup.values()) - startup.get("first step_s", 0), 3)
+    startup["to_first_step_end_s"] = round(sum(phases.seconds[n] for n in STARTUP
+                                               if n in phases.seconds), 3)  # fmt: skip
+    startup.update({f"{k}_s (background)": round(v, 3) for k, v in phases.overlapped.items()})
+    return {"startup": startup, "shutdown": shutdown}
 
 
 def _checkpointer(
@@ -351,6 +399,7 @@ class _Reporter:
     req: TrainRequest
     total: int
     start: int
+    phases: Phases = field(default_factory=Phases)
     losses: _LossStats = field(default_factory=_LossStats)
 
     def __post_init__(self) -> None:
@@ -367,6 +416,9 @@ class _Reporter:
             self.metrics = open(self.req.metrics, "a" if self.req.resume else "w", encoding="utf-8")  # noqa: SIM115
 
     def on_step(self, step: int, loss: float, lr: float, metrics: dict[str, Any]) -> None:
+        if not self.losses.steps:  # the lanes started at the "lanes" mark
+            self.phases.add("first step", self.phases.since("lanes"))
+        self.phases.mark("first step end")
         self.losses.add(loss)
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")

@@ -20,9 +20,7 @@ def test_buckets_of_8b_at_deepspeeds_default_size(llama8b):
     """5e8 elements hold two 218M-parameter layers; the 525M embedding and LM head exceed a
     bucket and go down alone, as DeepSpeed's extra-large parameters."""
     buckets = grad_buckets(llama8b, TrainConfig(batch=16, seq=1024, schedule="zero-offload"))
-    assert [b.units for b in buckets] == [
-        (33,), *[(j, j - 1) for j in range(32, 0, -2)], (0,)
-    ]
+    assert [b.units for b in buckets] == [(33,), *[(j, j - 1) for j in range(32, 0, -2)], (0,)]
     assert [b.pool for b in buckets] == [WHOLE_POOL, *[BUCKET_POOL] * 16, WHOLE_POOL]
     assert all(b.elements <= 5e8 for b in buckets if b.pool == BUCKET_POOL)
     assert buckets[1].offsets == (0, llama8b.layer_params)
