@@ -1,39 +1,44 @@
 """Every buffer of a run, allocated once from the Graph's pools before the first op.
 
-Keys are the graph's slot ids (`gpu_units.1`, `pinned_acts.3`, ...) for slotted pools, and
-per-unit names for static pools: `gpu.{u}` (a unit living on the device: resident, ZeRO-offload,
-gpu-only), `devopt.{u}` (its device-side FP32 master + moments), `bf16.{u}` (pinned compute-dtype
-copy the next upload reads), `master.{u}`, `moments.{u}`, `accum.{u}` (host FP32; pinned for
-streamed units), `landing.{u}` (ZeRO-offload's static gradient landing). A streamed unit's GPU
-staging slot `gpu_opt_<group>.k` is an `OptState` sized to the group, with its FP32 gradient
-scratch beside it under `gpu_opt_<group>.k.grad`. Pools sized by the ledger in BF16 bytes are allocated
-at the compute dtype (FP32 in CPU tests: twice the bytes). The GPU workspace and LCE pools are
-not pre-allocated by hand: autograd and the LCE kernel take them from torch's caching allocator
-on step 1 and reuse the same segments afterwards (the GPU test checks the count stays flat).
+Allocation is a table keyed by the pool's role (`ALLOCATORS`), sized by the units its slots
+hold (`Pool.units`): no pool names are read. Keys are the graph's slot ids (`gpu_units.1`,
+`pinned_acts.3`, `gpu_tokens.0`, ...) where a slot holds one thing, and per-unit keys where a
+pool holds units side by side or one per slot (`UNIT_KEYS`): `gpu.{u}` (a `GpuUnit` living on
+the device: resident, ZeRO-offload, gpu-only), `devopt.{u}` (its device FP32 master + moments),
+`bf16.{u}` (pinned compute-dtype copy the next upload reads), `master.{u}`, `moments.{u}`,
+`accum.{u}` (host FP32; pinned for streamed units), `landing.{u}` (ZeRO-offload's FP32 gradient
+landing). `Buffers.key(value, unit)` finds an op's value: its slot, or the unit's key there. A
+streamed unit's GPU slot is an `OptState` sized to its pool's largest unit, with its FP32
+gradient scratch beside it under `<slot>.grad`. A pool's bytes per element say its dtype: 4 is
+FP32, 2 (the ledger's BF16) the compute dtype (FP32 in CPU tests: twice the bytes). The GPU
+workspace is not pre-allocated by hand: autograd and the LCE kernel take it from torch's caching
+allocator on step 1 and reuse the same segments afterwards (the GPU test checks it stays flat).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from executor.layout import UnitLayout
 from executor.nvme_io import aligned_empty
-from slide_ir.graph import Graph, Pool, Tier
+from slide_ir.graph import Graph, Pool, PoolRole, Tier, Value
 from slide_ir.model import ModelSpec
-from slide_ir.zero_offload import BUCKET_POOL, WHOLE_POOL, GradBucket
+from slide_ir.zero_offload import GradBucket
 
 log = logging.getLogger("executor.buffers")
 
-# not buffers of the run: the runtime, workspaces torch allocates, the final state's host copy
-NOT_ALLOCATED = ("gpu_context", "host_runtime", "gpu_workspace", "gpu_lce", "host_handback",
-                 "gpu_tokens",  # the executor keeps its own token buffers (issue 16: to move)
-                 # DeepSpeed's accumulation staging, which ZeRO-offload's ledger counts: unused here
-                 "gpu_offload_staging", "host_offload_staging")
-# host pools the NVMe lanes read and write with O_DIRECT: allocated 4096-byte aligned
-NVME_STAGING = ("opt_staging_", "pinned_act_staging")
+R = PoolRole
+# roles of pools that are not buffers of the run: accounting only (context, runtime, DeepSpeed's
+# staging, the final state's host copy), torch's workspaces, NVMe regions (files)
+NOT_ALLOCATED = frozenset({R.ACCOUNTING, R.WORKSPACE, R.NVME_HIDDEN, R.NVME_STATE})
+# roles whose pools hold units side by side or one per slot: an op's value there is the unit's
+UNIT_KEYS = {R.HOST_WEIGHTS: "bf16", R.MASTER: "master", R.MOMENTS: "moments",
+             R.GRAD_ACCUM: "accum", R.GRAD_LANDING: "landing", R.RESIDENT: "gpu",
+             R.DEVICE_WEIGHTS: "gpu", R.DEVICE_GRADS: "gpu"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,42 +61,11 @@ class OptState:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Placement:
-    """Where units live. `resident`: updated on the device (sliding's resident units, every unit
-    of gpu-only); the rest keep their state on the host and slide, `streamed` ones visiting the
-    device for their update."""
-
-    schedule: str
-    resident: frozenset[int]
-    units: tuple[int, ...]
-    streamed: frozenset[int] = frozenset()
-
-    @property
-    def host_updated(self) -> tuple[int, ...]:
-        """Units whose FP32 master and moments live on the host (RAM or NVMe)."""
-        return tuple(u for u in self.units if u not in self.resident)
-
-    @property
-    def cpu_updated(self) -> tuple[int, ...]:
-        """Units the host AdamW updates."""
-        return tuple(u for u in self.host_updated if u not in self.streamed)
-
-    def is_sliding(self, unit: int) -> bool:
-        return self.schedule == "sliding" and unit not in self.resident
-
-    def grads_persist(self, unit: int) -> bool:
-        """The unit's device gradients outlive a micro-batch (ZeRO-offload's go down in
-        buckets and their memory is reused)."""
-        return self.schedule != "zero-offload" and not self.is_sliding(unit)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Setup:
     """What allocation needs to know besides the graph."""
 
     spec: ModelSpec
     layouts: dict[int, UnitLayout]
-    placement: Placement
     device: torch.device
     dtype: torch.dtype  # compute dtype of weights, grads, activations
     moments_dtype: torch.dtype
@@ -138,13 +112,31 @@ class HostMemory:
 
 
 @dataclass(kw_only=True)
+class Tokens:
+    """The current micro-batch on the device (the `tokens` pool's slot), written by the
+    embedding's forward; `scale` = 1 / labelled tokens of its step."""
+
+    ids: torch.Tensor
+    labels: torch.Tensor
+    scale: float = 1.0
+
+
+@dataclass(kw_only=True)
 class Buffers:
     host: HostMemory
     items: dict[str, object] = field(default_factory=dict)
     allocated: dict[str, int] = field(default_factory=dict)  # pool -> bytes actually allocated
+    roles: dict[str, PoolRole] = field(default_factory=dict)  # slot id -> its pool's role
+    index: dict[str, int] = field(default_factory=dict)  # slot id -> its index in the pool
 
     def __getitem__(self, key: str):  # type: ignore[no-untyped-def]
         return self.items[key]
+
+    def key(self, v: Value, unit: int) -> str:
+        """Where value `v` of an op of `unit` is: its slot, or the unit's key in a pool of units."""
+        if v.slot in self.items:
+            return v.slot
+        return f"{UNIT_KEYS[self.roles[v.slot]]}.{unit}"
 
     def tensor(self, key: str) -> torch.Tensor:
         item = self.items[key]
@@ -156,13 +148,18 @@ class Buffers:
         assert isinstance(item, GpuUnit), key
         return item
 
+    def of(self, v: Value, unit: int) -> torch.Tensor:
+        """The tensor holding value `v` of `unit`."""
+        return self.tensor(self.key(v, unit))
 
-def group_units(spec: ModelSpec, units: tuple[int, ...] | list[int], group: str) -> list[int]:
-    """Members of a pool group (embed / layers / head) among `units`, ascending: the order in
-    which the ledger gave static pools their slots."""
-    n = spec.num_layers
-    member = {"embed": lambda u: u == 0, "layers": lambda u: 1 <= u <= n, "head": lambda u: u > n}
-    return sorted(u for u in units if member[group](u))
+    def unit_at(self, v: Value, unit: int) -> GpuUnit:
+        """The device weights + grads that value `v` (a unit's `w` or `g`) lives in."""
+        return self.gpu_unit(self.key(v, unit))
+
+    def tokens(self, v: Value) -> Tokens:
+        item = self.items[v.slot]
+        assert isinstance(item, Tokens), v
+        return item
 
 
 def _dev(s: Setup, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -179,14 +176,17 @@ def _dev_opt_state(s: Setup, numel: int) -> OptState:
 
 
 class _Allocator:
-    """One method per pool family; `allocate` dispatches on the pool's name. Host pools on a
-    pinned tier are pinned (on CUDA); pageable ones (master, moments, accumulators) are not."""
+    """One method per pool role (`ALLOCATORS`). Host pools on a pinned tier are pinned (on
+    CUDA); pageable ones (master, moments, accumulators) are not."""
 
     def __init__(self, s: Setup, out: Buffers) -> None:
         self.s, self.out = s, out
+        self.device_units: tuple[int, ...] = ()  # units of a DEVICE_WEIGHTS pool
 
-    def host(self, pool: Pool, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        aligned = pool.name.startswith(NVME_STAGING)
+    def host(
+        self, pool: Pool, numel: int, dtype: torch.dtype, aligned: bool = False
+    ) -> torch.Tensor:
+        """`aligned`: for the pools NVMe lanes read and write with O_DIRECT (4096 bytes)."""
         if pool.tier == Tier.PINNED:  # torch's pinned fallback is page-aligned already
             return self.out.host.empty(numel, dtype, aligned)
         return _host_empty(numel, dtype, aligned)
@@ -198,156 +198,140 @@ class _Allocator:
     def numel(self, unit: int) -> int:
         return self.s.layouts[unit].numel
 
-    def group_numel(self, group: str) -> int:
-        """Elements of one unit of a pool group (embed / layers / head)."""
-        return self.numel({"embed": 0, "layers": 1, "head": self.s.spec.num_layers + 1}[group])
+    def largest(self, pool: Pool) -> int:
+        """Elements of the largest unit a slot of `pool` holds."""
+        return max(self.numel(u) for u in pool.units)
 
-    def group(self, pool: Pool, units: tuple[int, ...] | list[int]) -> list[int]:
-        members = group_units(self.s.spec, units, pool.name.rpartition("_")[2])
-        if len(members) != pool.slots:
-            raise RuntimeError(
-                f"pool {pool.name}: {pool.slots} slots but {len(members)} units {members}"
-            )
-        return members
+    def dtype(self, pool: Pool, elements: int) -> torch.dtype:
+        """FP32 for a pool the ledger sized at 4 bytes per element, else the compute dtype."""
+        return torch.float32 if pool.slot_bytes >= 4 * elements else self.s.dtype
 
-    # -- activations ------------------------------------------------------------------------
-    def hidden(self, pool: Pool, on_device: bool) -> None:
+    def skip(self, pool: Pool) -> None:
+        """Accounting only, torch's workspaces, NVMe regions (files: see `nvme`)."""
+
+    # -- tokens and hidden states ---------------------------------------------------------------
+    def tokens(self, pool: Pool) -> None:
+        b, seq, _ = self.s.hidden_shape
+        for key in pool.slot_ids():
+            ids, labels = (torch.zeros((b, seq), dtype=torch.int64, device=self.s.device)
+                           for _ in range(2))  # fmt: skip
+            self.put(pool, key, Tokens(ids=ids, labels=labels), 2 * ids.numel() * 8)
+
+    def hidden(self, pool: Pool) -> None:
         b, seq, h = self.s.hidden_shape
         size = self.s.dtype.itemsize * b * seq * h
         for key in pool.slot_ids():
-            if on_device:
+            if pool.tier == Tier.GPU:
                 t = torch.empty((b, seq, h), dtype=self.s.dtype, device=self.s.device)
-            else:
-                t = self.host(pool, b * seq * h, self.s.dtype).view(b, seq, h)
+            else:  # pinned saved inputs or the NVMe staging of activations
+                t = self.host(pool, b * seq * h, self.s.dtype, aligned=True).view(b, seq, h)
             self.put(pool, key, t, size)
 
     # -- weights and gradients ----------------------------------------------------------------
-    def unit_slots(self, pool: Pool, group: str) -> None:
-        numel = self.group_numel(group)
+    def unit_slots(self, pool: Pool) -> None:
+        numel = self.largest(pool)
         for key in pool.slot_ids():
             self.put(pool, key, _gpu_unit(self.s, numel), 2 * numel * self.s.dtype.itemsize)
 
-    def landing_slots(self, pool: Pool, group: str) -> None:
-        numel = self.group_numel(group)
+    def landing(self, pool: Pool) -> None:
+        if pool.static:  # one slot holding every unit's gradient (ZeRO-offload)
+            self.per_unit(pool, "landing")
+            return
+        numel = self.largest(pool)
         for key in pool.slot_ids():
             t = self.host(pool, numel, self.s.dtype)
             self.put(pool, key, t, t.numel() * t.element_size())
 
-    def per_unit(
-        self,
-        pool: Pool,
-        prefix: str,
-        dtype: torch.dtype,
-        per_param: int = 1,
-        members: tuple[int, ...] | None = None,
-    ) -> None:
-        """One tensor per unit of the pool's group among `members` (default: host-updated)."""
-        s = self.s
-        for unit in self.group(pool, s.placement.host_updated if members is None else members):
-            t = self.host(pool, per_param * self.numel(unit), dtype)
-            if prefix == "moments":
+    def per_unit(self, pool: Pool, prefix: str = "") -> None:
+        """One tensor per unit of the pool (`prefix.{u}`): separate allocations when a slot
+        holds one unit, views into one allocation when a slot holds them all."""
+        s, prefix = self.s, prefix or UNIT_KEYS[pool.role]
+        per_param = 2 if pool.role == R.MOMENTS else 1
+        total = sum(self.numel(u) for u in pool.units)
+        dtype = s.moments_dtype if pool.role == R.MOMENTS else self.dtype(pool, total)
+        if pool.role in (R.MASTER, R.GRAD_ACCUM):
+            dtype = torch.float32
+        flat = None
+        if pool.slots < len(pool.units):
+            on_device = pool.tier == Tier.GPU
+            flat = _dev(s, total, dtype) if on_device else self.host(pool, total, dtype)
+        offset = 0
+        for unit in pool.units:
+            n = per_param * self.numel(unit)
+            t = flat[offset : offset + n] if flat is not None else self.host(pool, n, dtype)
+            offset += n
+            if pool.role == R.MOMENTS:
                 t.zero_()
             self.put(pool, f"{prefix}.{unit}", t, t.numel() * t.element_size())
 
-    def state_owners(self, pool: Pool) -> tuple[int, ...]:
-        """Host optimizer state: pinned pools hold the streamed units', pageable ones the rest."""
-        placement = self.s.placement
-        if pool.tier == Tier.PINNED:
-            return tuple(sorted(placement.streamed))
-        return placement.cpu_updated
-
     def stream_slots(self, pool: Pool) -> None:
         """GPU staging of streamed units: master, moments and FP32 gradient scratch per slot."""
-        s = self.s
-        numel = self.group_numel(pool.name.rpartition("_")[2])
+        s, numel = self.s, self.largest(pool)
         for key in pool.slot_ids():
             state_bytes = numel * (4 + 2 * s.moments_dtype.itemsize)
             self.put(pool, key, _dev_opt_state(s, numel), state_bytes)
             self.put(pool, f"{key}.grad", _dev(s, numel, torch.float32), 4 * numel)
 
-    def resident(self, pool: Pool, units: list[int]) -> None:
+    def resident(self, pool: Pool) -> None:
         s = self.s
-        for unit in units:
+        for unit in pool.units:
             numel = self.numel(unit)
             self.put(pool, f"gpu.{unit}", _gpu_unit(s, numel), 2 * numel * s.dtype.itemsize)
             state = _dev_opt_state(s, numel)
             self.put(pool, f"devopt.{unit}", state, numel * (4 + 2 * s.moments_dtype.itemsize))
 
-    def flat_model(self, pool: Pool, prefix: str, on_device: bool, dtype: torch.dtype) -> None:
-        """ZeRO-offload's whole-model buffers, viewed per unit."""
-        s = self.s
-        total = sum(self.numel(u) for u in s.placement.units)
-        big = _dev(s, total, dtype) if on_device else self.host(pool, total, dtype)
-        self.out.allocated[pool.name] = total * dtype.itemsize
-        offset = 0
-        for unit in s.placement.units:
-            n = self.numel(unit)
-            self.out.items[f"{prefix}.{unit}"] = big[offset : offset + n]
-            offset += n
+    def device_weights(self, pool: Pool) -> None:
+        """ZeRO-offload's whole-model weights, viewed per unit (paired with the gradients'
+        views into `gpu.{u}` once both exist: `pair_device_units`)."""
+        self.per_unit(pool, "zo_w")
+        self.device_units = pool.units
 
-    def allocate(self, pool: Pool) -> None:
-        s, name = self.s, pool.name
-        if name in NOT_ALLOCATED:
-            return
-        if name in ("gpu_hidden_grads", "gpu_acts"):
-            self.hidden(pool, on_device=True)
-        elif name in ("pinned_acts", "pinned_act_staging"):
-            self.hidden(pool, on_device=False)
-        elif name in ("gpu_units", "gpu_embed", "gpu_head"):
-            self.unit_slots(pool, name.partition("_")[2].replace("units", "layers"))
-        elif name.startswith("pinned_grads_"):
-            self.landing_slots(pool, name.rpartition("_")[2])
-        elif name.startswith("pinned_bf16_"):
-            self.per_unit(pool, "bf16", s.dtype)
-        elif name.startswith("grad_accum_"):
-            self.per_unit(pool, "accum", torch.float32)
-        elif name.startswith(("master_", "pinned_master_")):
-            self.per_unit(pool, "master", torch.float32, members=self.state_owners(pool))
-        elif name.startswith(("moments_", "pinned_moments_")):
-            self.per_unit(
-                pool, "moments", s.moments_dtype, per_param=2, members=self.state_owners(pool)
-            )
-        elif name.startswith("gpu_opt_"):
-            self.stream_slots(pool)
-        elif name.startswith("gpu_resident_"):
-            self.resident(pool, self.group(pool, sorted(s.placement.resident)))
-        elif name == "gpu_state":
-            self.resident(pool, list(s.placement.units))
-        elif name in ("gpu_params", BUCKET_POOL, WHOLE_POOL, "pinned_grads", "pinned_bf16"):
-            self.zero_offload(pool)
-        elif name.startswith(("nvme_", "opt_staging_")):
-            self.nvme(pool)
-        else:
-            raise RuntimeError(f"the executor has no allocator for pool {name!r}")
+    def device_grads(self, pool: Pool) -> None:
+        """A gradient slot of ZeRO-offload (the reduce bucket, or the slot for gradients kept
+        whole); each unit's gradient a view at its place in it (`Setup.grad_buckets`)."""
+        s, numel = self.s, pool.slot_bytes // 2  # the ledger's BF16 bytes
+        slot = _dev(s, numel, s.dtype)
+        self.put(pool, pool.name, slot, numel * s.dtype.itemsize)
+        held = set(pool.units)
+        for b in s.grad_buckets:
+            for unit, offset in zip(b.units, b.offsets, strict=True):
+                if unit in held:
+                    self.out.items[f"zo_g.{unit}"] = slot[offset : offset + self.numel(unit)]
 
-    def zero_offload(self, pool: Pool) -> None:
-        """Whole-model weights (device), FP32 gradient landing and BF16 copy (pinned), viewed
-        per unit; the reduce bucket and the slot for gradients kept whole (device), each unit's
-        gradient a view at its place in them (`slide_ir.zero_offload.grad_buckets`)."""
-        s, name = self.s, pool.name
-        if name in (BUCKET_POOL, WHOLE_POOL):
-            numel = pool.slot_bytes // 2  # the ledger's BF16 bytes
-            self.put(pool, name, _dev(s, numel, s.dtype), numel * s.dtype.itemsize)
-        else:
-            prefix = {"gpu_params": "zo_w", "pinned_grads": "landing"}.get(name, "bf16")
-            dtype = torch.float32 if name == "pinned_grads" else s.dtype
-            self.flat_model(pool, prefix, name.startswith("gpu_"), dtype)
-        if name == BUCKET_POOL:  # pools come weights, whole slot, bucket: pair them per unit
-            for b in s.grad_buckets:
-                slot = self.out.items[b.pool]
-                for unit, offset in zip(b.units, b.offsets, strict=True):
-                    g = slot[offset : offset + self.numel(unit)]  # type: ignore[index]
-                    w = self.out.items.pop(f"zo_w.{unit}")
-                    self.out.items[f"gpu.{unit}"] = GpuUnit(w=w, g=g)  # type: ignore[arg-type]
+    def pair_device_units(self) -> None:
+        for unit in self.device_units:
+            w, g = self.out.items.pop(f"zo_w.{unit}"), self.out.items.pop(f"zo_g.{unit}")
+            self.out.items[f"gpu.{unit}"] = GpuUnit(w=w, g=g)  # type: ignore[arg-type]
 
-    def nvme(self, pool: Pool) -> None:
-        """NVMe regions are files (see `nvme`); only the host staging ring is allocated here,
-        as raw bytes that `nvme.stripe_state` views as master / m / v."""
-        if not pool.name.startswith("opt_staging_"):
-            return
-        nbytes = stripe_bytes(self.s, self.group_numel(pool.name.rpartition("_")[2]))
+    def opt_staging(self, pool: Pool) -> None:
+        """The host staging ring of NVMe optimizer-state stripes, as raw bytes that
+        `nvme.stripe_state` views as master / m / v."""
+        nbytes = stripe_bytes(self.s, self.largest(pool))
         for key in pool.slot_ids():
-            self.put(pool, key, self.host(pool, nbytes, torch.uint8), nbytes)
+            self.put(pool, key, self.host(pool, nbytes, torch.uint8, aligned=True), nbytes)
+
+
+ALLOCATORS: dict[PoolRole, Callable[[_Allocator, Pool], None]] = {
+    R.ACCOUNTING: _Allocator.skip,
+    R.WORKSPACE: _Allocator.skip,
+    R.TOKENS: _Allocator.tokens,
+    R.HIDDEN: _Allocator.hidden,
+    R.HIDDEN_GRAD: _Allocator.hidden,
+    R.HOST_HIDDEN: _Allocator.hidden,
+    R.NVME_HIDDEN: _Allocator.skip,
+    R.UNIT: _Allocator.unit_slots,
+    R.RESIDENT: _Allocator.resident,
+    R.STREAM_STATE: _Allocator.stream_slots,
+    R.DEVICE_WEIGHTS: _Allocator.device_weights,
+    R.DEVICE_GRADS: _Allocator.device_grads,
+    R.GRAD_LANDING: _Allocator.landing,
+    R.HOST_WEIGHTS: _Allocator.per_unit,
+    R.GRAD_ACCUM: _Allocator.per_unit,
+    R.MASTER: _Allocator.per_unit,
+    R.MOMENTS: _Allocator.per_unit,
+    R.NVME_STATE: _Allocator.skip,
+    R.OPT_STAGING: _Allocator.opt_staging,
+}
 
 
 def stripe_numel(numel: int, stripes: int) -> int:
@@ -367,7 +351,10 @@ def allocate(graph: Graph, setup: Setup) -> Buffers:
     out = Buffers(host=HostMemory(setup.pin))
     alloc = _Allocator(setup, out)
     for pool in graph.pools:
-        alloc.allocate(pool)
+        ALLOCATORS[pool.role](alloc, pool)
+        for i, slot in enumerate(pool.slot_ids()):
+            out.roles[slot], out.index[slot] = pool.role, i
+    alloc.pair_device_units()
     for pool in graph.pools:
         if pool.name in out.allocated:
             log.debug(

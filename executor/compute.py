@@ -1,9 +1,21 @@
 """Handlers of the `gpu` lane: forward, recompute, backward, the fused loss, device AdamW.
 
-They run inside the lane's stream context (CUDA) or synchronously (CPU mode). Parameter
-gradients are accumulated by autograd straight into the unit's gradient buffer: each parameter
-leaf gets `.grad` preset to its view of that buffer, and autograd adds in place (`grad += new`)
-when grad mode is off, as it is during backward. Overwrite mode zeroes the buffer first.
+They run inside the lane's stream context (CUDA) or synchronously (CPU mode) and take their
+operands from the op's values, in the order `OpKind` documents for the kind:
+
+    FWD        reads (weights, input x)          writes (output x)
+    FWD (0)    reads (weights)                   writes (output x, tokens)
+    RECOMPUTE  reads (weights, input x)          writes (tape)
+    BWD        reads (weights, tape, output dx)  writes (grads, input dx)
+    BWD (0)    reads (weights, tokens, dx)       writes (grads)
+    LOSS       reads (weights, x, tokens[, tied embedding weights])
+               writes (grads, dx[, tied embedding grads])
+    GPU_ADAM   reads (grads, state)              writes (weights, state)
+
+Parameter gradients are accumulated by autograd straight into the unit's gradient buffer: each
+parameter leaf gets `.grad` preset to its view of that buffer, and autograd adds in place
+(`grad += new`) when grad mode is off, as it is during backward. A gradient written without
+`+=` is zeroed first.
 """
 
 from __future__ import annotations
@@ -11,10 +23,9 @@ from __future__ import annotations
 import torch
 
 from executor import adam, layers
-from executor.binding import Bind
-from executor.buffers import GpuUnit, OptState
+from executor.buffers import GpuUnit
 from executor.env import Env, LaneState
-from slide_ir.graph import Op
+from slide_ir.graph import Op, Value
 
 
 def _leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -26,57 +37,64 @@ def _point_grads(leaves: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]
         leaf.grad = grads[name]
 
 
-def _unit(env: Env, key: str) -> GpuUnit:
-    return env.buffers.gpu_unit(key)
+def _grads(env: Env, v: Value, unit: int) -> GpuUnit:
+    """The unit whose gradient `v` is, its gradient zeroed unless `v` accumulates."""
+    out = env.buffers.unit_at(v, unit)
+    if not v.accumulate:
+        out.g.zero_()
+    return out
 
 
-def fwd(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    unit, out = _unit(env, b.weights), env.buffers.tensor(b.x_out)
-    views = env.layouts[op.unit].views(unit.w)
+def fwd(env: Env, lane: LaneState, op: Op) -> None:
+    u = op.unit
+    unit, out = env.buffers.unit_at(op.reads[0], u), env.buffers.of(op.writes[0], u)
+    views = env.layouts[u].views(unit.w)
     with torch.no_grad():
-        if op.unit == 0:
-            lane.batch = env.take_batch(op.step, b.micro)
-            env.tokens.ids.copy_(lane.batch.ids, non_blocking=True)
-            env.tokens.labels.copy_(lane.batch.labels, non_blocking=True)
-            layers.embed(env.tokens.ids, views["embed.w"], out)
+        if u == 0:
+            batch = env.take_batch(op.step, op.micro)
+            tokens = env.buffers.tokens(op.writes[1])
+            tokens.ids.copy_(batch.ids, non_blocking=True)
+            tokens.labels.copy_(batch.labels, non_blocking=True)
+            tokens.scale = batch.scale
+            layers.embed(tokens.ids, views["embed.w"], out)
         else:
-            x = env.buffers.tensor(b.x_in)
+            x = env.buffers.of(op.reads[1], u)
             layers.decoder_layer(x, views, env.spec, env.rope, out=out)
 
 
-def recompute(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+def recompute(env: Env, lane: LaneState, op: Op) -> None:
     """The layer's forward again from its saved input, keeping the autograd tape for `bwd`."""
-    unit = _unit(env, b.weights)
-    x = env.buffers.tensor(b.x_in).detach().requires_grad_()
-    leaves = _leaves(env.layouts[op.unit].views(unit.w))
+    u = op.unit
+    unit = env.buffers.unit_at(op.reads[0], u)
+    x = env.buffers.of(op.reads[1], u).detach().requires_grad_()
+    leaves = _leaves(env.layouts[u].views(unit.w))
     with torch.enable_grad():
         out = layers.decoder_layer(x, leaves, env.spec, env.rope)
-    lane.work = (out, x, leaves)
+    lane.tapes[op.writes[0].name] = (out, x, leaves)
 
 
-def bwd(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    unit = _unit(env, b.weights)
-    if not b.accumulate:
-        unit.g.zero_()
-    grad_out = env.buffers.tensor(b.hg_in)
-    if op.unit == 0:
-        assert lane.batch is not None
+def bwd(env: Env, lane: LaneState, op: Op) -> None:
+    u = op.unit
+    unit = _grads(env, op.writes[0], u)
+    grad_out = env.buffers.of(op.reads[2], u)
+    if u == 0:
+        ids = env.buffers.tokens(op.reads[1]).ids
         g = env.layouts[0].views(unit.g)["embed.w"]
-        layers.embed_backward(env.tokens.ids, grad_out, g, accumulate=True)
+        layers.embed_backward(ids, grad_out, g, accumulate=True)
         return
-    assert lane.work is not None, f"{op.id}: no recompute before this backward"
-    (out, x, leaves), lane.work = lane.work, None
-    x.grad = env.buffers.tensor(b.hg_out).zero_()
-    _point_grads(leaves, env.layouts[op.unit].views(unit.g))
+    tape = op.reads[1].name
+    assert tape in lane.tapes, f"{op.id}: no recompute wrote {tape}"
+    out, x, leaves = lane.tapes.pop(tape)
+    x.grad = env.buffers.of(op.writes[1], u).zero_()
+    _point_grads(leaves, env.layouts[u].views(unit.g))
     torch.autograd.backward(out, grad_out, inputs=[x, *leaves.values()])
 
 
-def _lm_leaf(env: Env, b: Bind, head: GpuUnit) -> torch.Tensor:
-    """The LM-head weight as a leaf whose gradient lands in its unit's buffer."""
-    if b.embed:
-        emb = _unit(env, b.embed)
-        if not b.accumulate_embed:
-            emb.g.zero_()
+def _lm_leaf(env: Env, op: Op, head: GpuUnit) -> torch.Tensor:
+    """The LM-head weight as a leaf whose gradient lands in its unit's buffer: the head's, or
+    with tied embeddings the embedding's (the op's fourth read and third write)."""
+    if len(op.reads) > 3:
+        emb = _grads(env, op.writes[2], 0)
         w, g = (env.layouts[0].views(t)["embed.w"] for t in (emb.w, emb.g))
     else:
         layout = env.layouts[env.spec.num_layers + 1]
@@ -86,44 +104,41 @@ def _lm_leaf(env: Env, b: Bind, head: GpuUnit) -> torch.Tensor:
     return leaf
 
 
-def loss(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+def loss(env: Env, lane: LaneState, op: Op) -> None:
     """Final norm + LM head + cross-entropy, forward and backward at once."""
-    assert lane.batch is not None
-    head = _unit(env, b.weights)
-    if not b.accumulate:
-        head.g.zero_()
-    x = env.buffers.tensor(b.x_in).detach().requires_grad_()
-    x.grad = env.buffers.tensor(b.hg_out).zero_()
-    layout = env.layouts[op.unit]
+    u = op.unit
+    head = _grads(env, op.writes[0], u)
+    x = env.buffers.of(op.reads[1], u).detach().requires_grad_()
+    x.grad = env.buffers.of(op.writes[1], u).zero_()
+    tokens = env.buffers.tokens(op.reads[2])
+    layout = env.layouts[u]
     norm = layout.views(head.w)["norm"].detach().requires_grad_()
     norm.grad = layout.views(head.g)["norm"]
-    lm = _lm_leaf(env, b, head)
+    lm = _lm_leaf(env, op, head)
     with torch.enable_grad():
         value = layers.head_loss(
             x,
             norm,
             lm,
-            env.tokens.labels,
+            tokens.labels,
             eps=env.spec.rms_norm_eps,
-            scale=lane.batch.scale,
+            scale=tokens.scale,
             chunk=env.lce_chunk,
         )
     value.backward(inputs=[x, norm, lm])
     total = env.loss_dev[op.step - 1]
     total += value.detach()
-    if b.last_micro:
+    if op.micro == env.grad_accum - 1:
         env.loss_host[op.step - 1].copy_(total, non_blocking=True)
 
 
-def gpu_adam(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    """A resident unit's AdamW (state in `devopt.u`), or a streamed one's (state in the staging
-    slot `b.src`, its FP32 gradient upcast into the slot's scratch)."""
-    unit, layout = _unit(env, b.weights), env.layouts[op.unit]
+def gpu_adam(env: Env, lane: LaneState, op: Op) -> None:
+    """A resident unit's AdamW (state in its resident slot), or a streamed one's (state in the
+    slot it was uploaded to, its FP32 gradient upcast into the slot's scratch)."""
+    u = op.unit
+    unit, layout, state_value = env.buffers.unit_at(op.reads[0], u), env.layouts[u], op.reads[1]
+    state = env.opt_state(state_value, u)
     grad32 = None
-    if b.src:
-        state = env.stream_state(b.src, op.unit)
-        grad32 = env.buffers.tensor(f"{b.src}.grad")[: layout.numel]
-    else:
-        state = env.buffers[f"devopt.{op.unit}"]
-        assert isinstance(state, OptState)
+    if state_value.slot in env.buffers.items:  # a streamed-state slot: its scratch beside it
+        grad32 = env.buffers.tensor(f"{state_value.slot}.grad")[: layout.numel]
     adam.update_device(layout, unit.w, unit.g, state, env.hp(op.step), env.step_t, grad32)

@@ -2,8 +2,8 @@
 
 `Env` is built before the lanes start and not rebound afterwards: its tensors are written only
 by ops, in the order the graph's dependencies allow. `LaneState` belongs to one lane thread
-(its stream, the autograd tape between a recompute and its backward, the current micro-batch,
-optimizer scratch) and is never touched by another thread.
+(its stream, the autograd tapes a recompute leaves for its backward, keyed by the tape's value
+name, optimizer scratch) and is never touched by another thread.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 import torch
 
 from executor.adam import AdamWConfig, HostScratch, Part, StepHp
-from executor.binding import Bind
-from executor.buffers import Buffers, OptState, Placement
+from executor.buffers import Buffers, OptState
 from executor.completion import Aborted
 from executor.layers import Rope
 from executor.layout import UnitLayout
 from executor.nvme import NvmeStore, StripeFormat
+from slide_ir.graph import PoolRole, Value
 from slide_ir.model import ModelSpec
 
 _POLL_S = 0.05
@@ -36,21 +36,11 @@ class MicroBatch:
     scale: float  # 1 / labelled tokens of the whole step: micro-batch losses sum to its mean
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Tokens:
-    """Static device copies of the current micro-batch (written by the embedding's forward)."""
-
-    ids: torch.Tensor
-    labels: torch.Tensor
-
-
 @dataclass(kw_only=True)
 class Env:
     spec: ModelSpec
     layouts: dict[int, UnitLayout]
-    placement: Placement
     buffers: Buffers
-    bind: dict[str, Bind]
     rope: Rope
     device: torch.device
     dtype: torch.dtype
@@ -59,7 +49,7 @@ class Env:
     step_offset: int  # optimizer steps done before this run (resume)
     total_steps: int  # horizon of the lr schedule
     lce_chunk: int | None
-    tokens: Tokens
+    grad_accum: int  # micro-batches per step: the last one copies the step's loss to the host
     loss_dev: torch.Tensor  # (steps,) fp32 on the device: the step's mean loss accumulates here
     loss_host: torch.Tensor  # (steps,) fp32 host (pinned on CUDA): copied at the last micro-batch
     step_t: torch.Tensor  # device step counter for the fused device AdamW
@@ -100,11 +90,16 @@ class Env:
         master = self.buffers.tensor(f"master.{unit}")
         return OptState(master=master, m=moments[:numel], v=moments[numel:])
 
-    def stream_state(self, slot: str, unit: int) -> OptState:
-        """A streamed unit's state in GPU staging slot `slot` (sized to the unit's group)."""
+    def opt_state(self, v: Value, unit: int) -> OptState:
+        """A unit's FP32 master and moments on the GPU (value `L3.state`): in its resident
+        slot, or in the streamed-state slot it was uploaded to (sized to the pool's largest)."""
+        if self.buffers.roles[v.slot] == PoolRole.RESIDENT:
+            state = self.buffers[f"devopt.{unit}"]
+            assert isinstance(state, OptState), unit
+            return state
         numel = self.layouts[unit].numel
-        state = self.buffers[slot]
-        assert isinstance(state, OptState), slot
+        state = self.buffers[v.slot]
+        assert isinstance(state, OptState), v
         return OptState(master=state.master[:numel], m=state.m[:numel], v=state.v[:numel])
 
     def host_parts(self, unit: int, staging: tuple[str, ...]) -> list[Part]:
@@ -126,6 +121,6 @@ class Env:
 class LaneState:
     lane: str
     stream: Any = None  # torch.cuda.Stream on CUDA, None in CPU mode and on host lanes
-    work: tuple[Any, ...] | None = None  # recompute -> backward: (output, input leaf, leaves)
-    batch: MicroBatch | None = None
+    # recompute -> backward: tape value name -> (output, input leaf, parameter leaves)
+    tapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     scratch: HostScratch | None = None

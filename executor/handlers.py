@@ -1,43 +1,69 @@
 """The handler table: one function per `OpKind` (a test asserts it covers the vocabulary).
 
-Compute handlers live in `compute`; the copies, host optimizer ops and NVMe I/O are here. Copies
-are `non_blocking` on the lane's stream (CUDA) and plain synchronous copies in CPU mode.
+Compute handlers live in `compute`; the copies, host optimizer ops and NVMe I/O are here. Each
+takes its operands from the op's values (a copy reads its source, writes its destination).
+Copies are `non_blocking` on the lane's stream (CUDA) and plain synchronous copies in CPU mode.
+
+    H2D_PARAM, W_D2H, D2H_GRAD, ACT_SAVE, ACT_LOAD, CAST   reads (src)  writes (dst)
+    OPT_H2D    reads (master, moments)  writes (state)
+    OPT_D2H    reads (state)            writes (master, moments)
+    GRAD_ACCUM reads (landed grads)     writes (accumulator, += after the first micro-batch)
+    ADAM       by role: landed grads, the accumulator, state in RAM or NVMe staging stripes;
+               writes the pinned weights (and the state it read)
+    NVME_READ / NVME_WRITE   reads (src)  writes (dst): activations, or a state stripe
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from executor import adam, compute
-from executor.binding import Bind
 from executor.buffers import OptState
 from executor.env import Env, LaneState
-from slide_ir.graph import Op, OpKind, slot_pool
+from slide_ir.graph import Op, OpKind, PoolRole, Value, lane_index
 
-Handler = Callable[[Env, LaneState, Op, Bind], None]
-
-
-# -- transfers (h2d / d2h lanes) ---------------------------------------------------------------
-def h2d_param(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    env.buffers.gpu_unit(b.dst).w.copy_(env.buffers.tensor(b.src), non_blocking=True)
+Handler = Callable[[Env, LaneState, Op], None]
+R = PoolRole
 
 
-def d2h_grad(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    env.buffers.tensor(b.dst).copy_(env.buffers.gpu_unit(b.src).g, non_blocking=True)
+def _src_dst(env: Env, op: Op) -> tuple[torch.Tensor, torch.Tensor]:
+    return env.buffers.of(op.reads[0], op.unit), env.buffers.of(op.writes[0], op.unit)
 
 
-def w_d2h(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+# -- transfers (h2d / d2h lanes; ZeRO-offload's gradient flushes on gpu) ----------------------
+def h2d_param(env: Env, lane: LaneState, op: Op) -> None:
+    src = env.buffers.of(op.reads[0], op.unit)
+    env.buffers.unit_at(op.writes[0], op.unit).w.copy_(src, non_blocking=True)
+
+
+def d2h_grad(env: Env, lane: LaneState, op: Op) -> None:
+    src = env.buffers.unit_at(op.reads[0], op.unit).g
+    env.buffers.of(op.writes[0], op.unit).copy_(src, non_blocking=True)
+
+
+def w_d2h(env: Env, lane: LaneState, op: Op) -> None:
     """A streamed unit's updated weights into the pinned copy the next upload reads."""
-    env.buffers.tensor(b.dst).copy_(env.buffers.gpu_unit(b.src).w, non_blocking=True)
+    src = env.buffers.unit_at(op.reads[0], op.unit).w
+    env.buffers.of(op.writes[0], op.unit).copy_(src, non_blocking=True)
 
 
-def opt_h2d(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+def _host_state(env: Env, master: Value, moments: Value, unit: int) -> OptState:
+    numel = env.layouts[unit].numel
+    both = env.buffers.of(moments, unit)
+    return OptState(master=env.buffers.of(master, unit), m=both[:numel], v=both[numel:])
+
+
+def opt_h2d(env: Env, lane: LaneState, op: Op) -> None:
     """A streamed unit's FP32 master and moments from pinned RAM into its GPU slot."""
-    _copy_state(env.stream_state(b.dst, op.unit), env.host_state(op.unit))
+    host = _host_state(env, *op.reads, op.unit)
+    _copy_state(env.opt_state(op.writes[0], op.unit), host)
 
 
-def opt_d2h(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    _copy_state(env.host_state(op.unit), env.stream_state(b.src, op.unit))
+def opt_d2h(env: Env, lane: LaneState, op: Op) -> None:
+    host = _host_state(env, *op.writes, op.unit)
+    _copy_state(host, env.opt_state(op.reads[0], op.unit))
 
 
 def _copy_state(dst: OptState, src: OptState) -> None:
@@ -45,62 +71,65 @@ def _copy_state(dst: OptState, src: OptState) -> None:
         d.copy_(s, non_blocking=True)
 
 
-def copy_activation(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    """ACT_SAVE (device -> pinned, d2h lane) and ACT_LOAD (pinned -> device, h2d lane)."""
-    env.buffers.tensor(b.dst).copy_(env.buffers.tensor(b.src), non_blocking=True)
+def copy(env: Env, lane: LaneState, op: Op) -> None:
+    """ACT_SAVE (device -> pinned, d2h lane), ACT_LOAD (pinned -> device, h2d lane), CAST
+    (FP32 master -> pinned compute-dtype weights, cpu lane)."""
+    src, dst = _src_dst(env, op)
+    dst.copy_(src, non_blocking=op.kind != OpKind.CAST)
 
 
 # -- host optimizer (cpu lane) -----------------------------------------------------------------
-def grad_accum(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    acc, grad = env.buffers.tensor(b.dst), env.buffers.tensor(b.src)
-    if b.first:
-        acc.copy_(grad)
-    else:
+def grad_accum(env: Env, lane: LaneState, op: Op) -> None:
+    grad, acc = _src_dst(env, op)
+    if op.writes[0].accumulate:
         acc.add_(grad)
+    else:
+        acc.copy_(grad)
 
 
-def adam_host(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+def _role(env: Env, values: tuple[Value, ...], role: PoolRole) -> list[Value]:
+    return [v for v in values if env.buffers.roles[v.slot] == role]
+
+
+def adam_host(env: Env, lane: LaneState, op: Op) -> None:
     """AdamW of one unit on the host; the last micro-batch's gradients are added to the
     accumulator first when the step has several."""
-    grad = env.buffers.tensor(b.src)
-    if b.accum:
-        grad = env.buffers.tensor(b.accum).add_(grad)
+    u = op.unit
+    (landed,) = _role(env, op.reads, R.GRAD_LANDING)
+    grad = env.buffers.of(landed, u)
+    for acc in _role(env, op.reads, R.GRAD_ACCUM):
+        grad = env.buffers.of(acc, u).add_(grad)
     assert lane.scratch is not None, "the cpu lane owns the optimizer scratch"
-    parts = env.host_parts(op.unit, b.staging)
-    layout = env.layouts[op.unit]
-    adam.update_host(layout, grad, parts, env.buffers.tensor(b.dst), env.hp(op.step), lane.scratch)
-
-
-def cast(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
-    env.buffers.tensor(b.dst).copy_(env.buffers.tensor(b.src))
+    staging = tuple(v.slot for v in _role(env, op.reads, R.OPT_STAGING))
+    parts = env.host_parts(u, staging)
+    (weights,) = _role(env, op.writes, R.HOST_WEIGHTS)
+    dst = env.buffers.of(weights, u)
+    adam.update_host(env.layouts[u], grad, parts, dst, env.hp(op.step), lane.scratch)
 
 
 # -- NVMe lanes ----------------------------------------------------------------------------------
-def _act_offset(env: Env, slot: str) -> int:
-    """Byte offset of NVMe activation slot `nvme_acts.j` in its drive's file."""
+def _nvme_offset(env: Env, v: Value, unit: int) -> int:
+    """Byte offset in its drive's file of NVMe value `v`: an activation slot's, or the unit's
+    optimizer-state stripe."""
     assert env.nvme is not None
-    return env.nvme.act_offset(int(slot.rpartition(".")[2]), env.act_bytes)
+    if env.buffers.roles[v.slot] == R.NVME_HIDDEN:
+        return env.nvme.act_offset(env.buffers.index[v.slot], env.act_bytes)
+    return env.nvme.offset[unit]
 
 
-def nvme_write(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+def nvme_write(env: Env, lane: LaneState, op: Op) -> None:
     assert env.nvme is not None
-    src = env.buffers.tensor(b.src)
-    if slot_pool(b.src).startswith("opt_staging_"):
-        env.nvme.write(b.drive, env.nvme.offset[op.unit], src)
-    else:
-        env.nvme.write(b.drive, _act_offset(env, b.dst), src)
+    offset = _nvme_offset(env, op.writes[0], op.unit)
+    env.nvme.write(lane_index(op.lane), offset, env.buffers.of(op.reads[0], op.unit))
 
 
-def nvme_read(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+def nvme_read(env: Env, lane: LaneState, op: Op) -> None:
     assert env.nvme is not None
-    dst = env.buffers.tensor(b.dst)
-    if slot_pool(b.dst).startswith("opt_staging_"):
-        env.nvme.read(b.drive, env.nvme.offset[op.unit], dst)
-    else:
-        env.nvme.read(b.drive, _act_offset(env, b.src), dst)
+    offset = _nvme_offset(env, op.reads[0], op.unit)
+    env.nvme.read(lane_index(op.lane), offset, env.buffers.of(op.writes[0], op.unit))
 
 
-def collective(env: Env, lane: LaneState, op: Op, b: Bind) -> None:
+def collective(env: Env, lane: LaneState, op: Op) -> None:
     raise NotImplementedError(
         f"op {op.id}: {op.kind} is simulated only (multi-GPU layouts are planned on paper)"
     )
@@ -118,10 +147,10 @@ HANDLERS: dict[OpKind, Handler] = {
     OpKind.OPT_H2D: opt_h2d,
     OpKind.OPT_D2H: opt_d2h,
     OpKind.W_D2H: w_d2h,
-    OpKind.CAST: cast,
+    OpKind.CAST: copy,
     OpKind.GRAD_ACCUM: grad_accum,
-    OpKind.ACT_SAVE: copy_activation,
-    OpKind.ACT_LOAD: copy_activation,
+    OpKind.ACT_SAVE: copy,
+    OpKind.ACT_LOAD: copy,
     OpKind.NVME_READ: nvme_read,
     OpKind.NVME_WRITE: nvme_write,
     OpKind.ALL_REDUCE: collective,

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from executor import setup as setup_mod
-from executor.binding import bind_graph
 from executor.env import MicroBatch
 from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
@@ -141,7 +140,6 @@ class Driver:
                 n = min(self.p.config.steps, self.steps - pr.done)
                 if n < self.p.config.steps:  # the last repetition of a longer run: fewer steps
                     graph = graph_plan(self.p, n).graph
-                    env.bind = bind_graph(graph, env.placement, tied=self.p.model.tied_embeddings)
                 shared = make_shared(env, graph, pr.recorder)
                 if not self._repeat(lanes, shared, n):
                     break

@@ -114,14 +114,14 @@ class LaneWorker(threading.Thread):
     def _run_op(self, op: Op) -> None:
         s, env = self.shared, self.shared.env
         self._before(op)
-        handler, bind = HANDLERS[op.kind], env.bind[op.id]
+        handler = HANDLERS[op.kind]
         done = s.completions[op.id]
         timeout = s.knobs.wait_timeout_s
         if not self.on_stream:
             for dep in op.deps:
                 s.completions[dep].wait_host(env.abort, timeout, op.id)
             start = time.perf_counter()
-            handler(env, self.state, op, bind)
+            handler(env, self.state, op)
             end = time.perf_counter()
             done.mark_host_done()
             s.recorder.put(op, start, end)
@@ -132,7 +132,7 @@ class LaneWorker(threading.Thread):
                 s.completions[dep].wait_stream(stream, env.abort, timeout, op.id)
             start_ev = torch.cuda.Event(enable_timing=True)
             start_ev.record(stream)
-            handler(env, self.state, op, bind)
+            handler(env, self.state, op)
             # blocking: a host waiting on it (the cpu lane on a gradient download, the main
             # thread at the step's end) sleeps instead of spinning on a core AdamW could use
             end_ev = torch.cuda.Event(enable_timing=True, blocking=True)

@@ -1,4 +1,4 @@
-"""Building a run: placement, buffers, bindings, environment; and reading memory back.
+"""Building a run: buffers, environment; and reading memory back.
 
 Everything a run touches is created here, before the first op: the buffers of every pool,
 the static token and loss buffers, RoPE tables, the NVMe files. After this the lanes allocate
@@ -10,28 +10,25 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from executor import knobs as knobs_mod
 from executor import layers, state
 from executor.adam import AdamWConfig
-from executor.binding import bind_graph
-from executor.buffers import Buffers, Placement, Setup, allocate, stripe_bytes
-from executor.env import Env, Tokens
+from executor.buffers import Buffers, Setup, allocate, stripe_bytes
+from executor.env import Env
 from executor.layout import unit_layouts
 from executor.nvme import NvmeDirs, NvmeStore, StripeFormat, backend_for
 from executor.phases import Phases
-from slide_ir.graph import Graph, OpKind, Tier, slot_pool
-from slide_ir.ledger import lce_chunk_tokens, resident_preference
+from slide_ir.graph import Graph, OpKind, PoolRole, Tier, UnitPlacement, lane_index
+from slide_ir.ledger import lce_chunk_tokens
 from slide_ir.planner import Plan
 from slide_ir.trace import MemorySample
 from slide_ir.zero_offload import grad_buckets
-
-T = TypeVar("T")
 
 
 @dataclass(kw_only=True)
@@ -97,8 +94,8 @@ class Run:
             "intra_op_threads": torch.get_num_threads(),
             "knobs": {k: getattr(knobs, k) for k in knobs.__slots__},
             "allocated_bytes": dict(env.buffers.allocated),
-            "resident": sorted(env.placement.resident),
-            "streamed": sorted(env.placement.streamed),
+            "resident": _units_placed(self.plan.graph, UnitPlacement.RESIDENT),
+            "streamed": _units_placed(self.plan.graph, UnitPlacement.STREAMED),
             "clip": self.plan.config.clip,
         }
 
@@ -111,15 +108,8 @@ def _rss_bytes() -> int:
         return 0
 
 
-def placement_of(p: Plan) -> Placement:
-    units = tuple(sorted(resident_preference(p.model)))
-    resident = frozenset(p.ledger.resident) if p.config.schedule != "zero-offload" else frozenset()
-    return Placement(
-        schedule=p.config.schedule,
-        resident=resident,
-        units=units,
-        streamed=frozenset(p.ledger.streamed),
-    )
+def _units_placed(graph: Graph, where: UnitPlacement) -> list[int]:
+    return [u for u, placed in enumerate(graph.info.placement) if placed == where]
 
 
 def _nvme(
@@ -134,7 +124,9 @@ def _nvme(
     )
     sizes = {}
     if c.optimizer != "cpu":
-        sizes = {u: stripe_bytes(s, s.layouts[u].numel) for u in s.placement.host_updated}
+        on_nvme = [u for pool in p.graph.pools if pool.role == PoolRole.NVME_STATE
+                   for u in pool.units]  # fmt: skip
+        sizes = {u: stripe_bytes(s, s.layouts[u].numel) for u in sorted(on_nvme)}
     store = NvmeStore(
         directories,
         drives,
@@ -148,14 +140,15 @@ def _nvme(
 
 def _act_slots(graph: Graph) -> dict[int, set[int]]:
     """drive -> the NVMe activation slots its file holds (those written on its lane)."""
+    index = {slot: i for p in graph.pools if p.role == PoolRole.NVME_HIDDEN
+             for i, slot in enumerate(p.slot_ids())}  # fmt: skip
     out: dict[int, set[int]] = {}
     for op in graph.ops:
         if op.kind != OpKind.NVME_WRITE:
             continue
-        drive = int(op.lane.removeprefix("nvme"))
         for slot in op.acquires:
-            if slot_pool(slot) == "nvme_acts":
-                out.setdefault(drive, set()).add(int(slot.rpartition(".")[2]))
+            if slot in index:
+                out.setdefault(lane_index(op.lane), set()).add(index[slot])
     return out
 
 
@@ -165,7 +158,6 @@ def _setup(p: Plan, device: torch.device, dtype: torch.dtype) -> Setup:
     return Setup(
         spec=spec,
         layouts=unit_layouts(spec),
-        placement=placement_of(p),
         device=device,
         dtype=dtype,
         moments_dtype=torch.float32 if c.moments_dtype == "fp32" else torch.bfloat16,
@@ -175,11 +167,6 @@ def _setup(p: Plan, device: torch.device, dtype: torch.dtype) -> Setup:
         opt_on_nvme=opt_on_nvme[c.optimizer],
         grad_buckets=grad_buckets(spec, c) if c.schedule == "zero-offload" else (),
     )
-
-
-def _timed(phases: Phases, name: str, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-    with phases(name):
-        return fn(*args, **kw)
 
 
 def build(
@@ -207,10 +194,7 @@ def build(
     env = Env(
         spec=p.model,
         layouts=s.layouts,
-        placement=s.placement,
         buffers=buffers,
-        bind=_timed(phases, "bindings", bind_graph, p.graph, s.placement,
-                    tied=p.model.tied_embeddings),  # fmt: skip
         rope=layers.make_rope(p.model, c.seq, device, dtype),
         device=device,
         dtype=dtype,
@@ -219,10 +203,7 @@ def build(
         step_offset=step_offset,
         total_steps=total_steps,
         lce_chunk=lce_chunk_tokens(p.model, c),
-        tokens=Tokens(
-            ids=torch.zeros((c.batch, c.seq), dtype=torch.int64, device=device),
-            labels=torch.zeros((c.batch, c.seq), dtype=torch.int64, device=device),
-        ),
+        grad_accum=p.graph.info.grad_accum,
         loss_dev=torch.zeros(c.steps, dtype=torch.float32, device=device),
         loss_host=torch.zeros(c.steps, dtype=torch.float32, pin_memory=s.pin),
         step_t=torch.zeros((), dtype=torch.float32, device=device),

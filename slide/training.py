@@ -104,7 +104,6 @@ STARTUP = (
     "output directory",
     "engine check",
     "buffers",
-    "bindings",
     "state",
     "first step",
 )

@@ -30,7 +30,16 @@ FORMAT_VERSION = 2  # 2: ops name a `unit` (was `layer`), values, micro-batch; p
 
 
 class OpKind(StrEnum):
-    """The closed op vocabulary. Every engine has a handler for each member."""
+    """The closed op vocabulary. Every engine has a handler for each member.
+
+    Operands (`Op.reads` -> `Op.writes`), in this order; `w`/`g` a unit's weights/gradient:
+    FWD (w, x) -> (x'); the embedding's FWD (w) -> (x', tokens): it takes the micro-batch in;
+    RECOMPUTE (w, x) -> (tape); BWD (w, tape, dx') -> (g, dx), the embedding's (w, tokens, dx')
+    -> (g); LOSS (w, x, tokens[, tied embedding w]) -> (g, dx[, tied embedding g]);
+    GPU_ADAM (g, state) -> (w, state); OPT_H2D (master, moments) -> (state); OPT_D2H the
+    reverse; GRAD_ACCUM (landed g) -> (accumulator); ADAM reads the landed g, the accumulator
+    and the state (RAM or NVMe staging) and writes the pinned w and the state, told apart by
+    their pools' roles; every other kind is a copy (src) -> (dst)."""
 
     FWD = "fwd"  # forward of one layer on the GPU
     RECOMPUTE = "recompute"  # forward again from the saved layer input, before its backward

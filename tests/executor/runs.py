@@ -98,7 +98,7 @@ def graph_of(tied: bool, drives: int = 0, steps: int = STEPS, **config: object) 
 
 
 def build_run(p: Plan, cfg: dict, nvme_dir: Path, dtype: torch.dtype) -> setup.Run:
-    """The executor's set-up of plan `p` on the CPU (buffers, bindings, state loaded from
+    """The executor's set-up of plan `p` on the CPU (buffers, environment, state loaded from
     `cfg`'s random model), without running it: for tests of what set-up allocates."""
     return setup.build(
         p,

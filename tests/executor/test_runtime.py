@@ -64,10 +64,10 @@ def test_serialised_run_equals_overlapped_run(monkeypatch: pytest.MonkeyPatch) -
 def test_failing_lane_stops_the_run_and_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
     real = handlers.HANDLERS[OpKind.ADAM]
 
-    def broken(env, lane, op, b):  # type: ignore[no-untyped-def]
+    def broken(env, lane, op):  # type: ignore[no-untyped-def]
         if op.id == "s2.L3.adam":
             raise RuntimeError("disk on fire")
-        real(env, lane, op, b)
+        real(env, lane, op)
 
     monkeypatch.setitem(handlers.HANDLERS, OpKind.ADAM, broken)
     before = threading.active_count()
@@ -80,10 +80,10 @@ def test_failing_lane_stops_the_run_and_names_the_op(monkeypatch: pytest.MonkeyP
 def test_wait_timeout_names_the_waiter(monkeypatch: pytest.MonkeyPatch) -> None:
     real = handlers.HANDLERS[OpKind.D2H_GRAD]
 
-    def slow(env, lane, op, b):  # type: ignore[no-untyped-def]
+    def slow(env, lane, op):  # type: ignore[no-untyped-def]
         if op.id == "s1.L4.g.d2h":
             time.sleep(1.0)
-        real(env, lane, op, b)
+        real(env, lane, op)
 
     monkeypatch.setitem(handlers.HANDLERS, OpKind.D2H_GRAD, slow)
     monkeypatch.setenv("SLIDE_WAIT_TIMEOUT_S", "0.2")
