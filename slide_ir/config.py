@@ -7,24 +7,65 @@ the planner never sees an impossible request.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-SCHEDULES = ("sliding", "zero-offload", "gpu-only")
-ACTIVATION_PLACES = ("gpu", "cpu", "nvme")
-# "auto": chosen with the rest of the placement (`slide_ir.placement`; on the host with
-# placement="small")
-ACTIVATION_CHOICES = (*ACTIVATION_PLACES, "auto")
-# "nvme" puts master weights and both moments on NVMe; "nvme-moments" only the two moments.
-OPTIMIZER_PLACES = ("cpu", "nvme", "nvme-moments")
-MOMENT_DTYPES = ("fp32", "bf16")
-# "fast": every "auto" choice (resident, streamed and sliding units, where the layer inputs live,
-# the cache depth) together, for the shortest predicted step that fits (`slide_ir.placement`);
-# "small": the smallest footprint: everything sliding, inputs on the host, DEFAULT_CACHE_UNITS
-PLACEMENTS = ("fast", "small")
+
+class Schedule(StrEnum):
+    SLIDING = "sliding"  # the GPU as a sliding window over the layers
+    ZERO_OFFLOAD = "zero-offload"  # DeepSpeed ZeRO-2 with CPU offload (`slide_ir.zero_offload`)
+    GPU_ONLY = "gpu-only"  # everything on the GPU: the no-offload reference
+
+
+class Activations(StrEnum):
+    """Where the saved layer inputs live. AUTO: chosen with the rest of the placement
+    (`slide_ir.placement`; on the host with placement="small")."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    NVME = "nvme"
+    AUTO = "auto"
+
+
+class OptimizerHome(StrEnum):
+    CPU = "cpu"  # FP32 master and moments in RAM
+    NVME = "nvme"  # master weights and both moments on NVMe
+    NVME_MOMENTS = "nvme-moments"  # only the two moments on NVMe
+
+
+class MomentsDtype(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class PlacementMode(StrEnum):
+    """How "auto" choices are made."""
+
+    # every "auto" choice (resident, streamed and sliding units, where the layer inputs live,
+    # the cache depth) together, for the shortest predicted step that fits (`slide_ir.placement`)
+    FAST = "fast"
+    SMALL = "small"  # the smallest footprint: all sliding, inputs on the host, DEFAULT_CACHE_UNITS
+
+
+class Clip(StrEnum):
+    NONE = "none"
+    # each unit's gradient (the embedding, one decoder layer, the head) is clipped to `clip_norm`
+    # by its own L2 norm, right before its update: exact global-norm clipping would need every
+    # gradient before the first update, which is the overlap the sliding schedule exists for
+    PER_UNIT = "per-unit"
+
+
+# the choices as strings, for command-line parsers (a StrEnum member is its string)
+SCHEDULES = tuple(Schedule)
+ACTIVATION_PLACES = (Activations.GPU, Activations.CPU, Activations.NVME)
+ACTIVATION_CHOICES = tuple(Activations)
+OPTIMIZER_PLACES = tuple(OptimizerHome)
+MOMENT_DTYPES = tuple(MomentsDtype)
+PLACEMENTS = tuple(PlacementMode)
+CLIP_MODES = tuple(Clip)
 DEFAULT_CACHE_UNITS = 3
-# "per-unit": each unit's gradient (the embedding, one decoder layer, the head) is clipped to
-# `clip_norm` by its own L2 norm, right before its update: exact global-norm clipping would need
-# every gradient before the first update, which is the overlap the sliding schedule exists for.
-CLIP_MODES = ("none", "per-unit")
+# the string choices of TrainConfig, turned into their StrEnum on construction
+_ENUMS = {"schedule": Schedule, "activations": Activations, "optimizer": OptimizerHome,
+          "moments_dtype": MomentsDtype, "placement": PlacementMode, "clip": Clip}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,10 +74,11 @@ class TrainConfig:
     seq: int
     steps: int = 3
     grad_accum: int = 1
-    schedule: str = "sliding"
-    activations: str = "auto"
-    optimizer: str = "cpu"
-    moments_dtype: str = "fp32"
+    # the string choices below are StrEnums once constructed (`_ENUMS`; strings compare equal)
+    schedule: str = Schedule.SLIDING
+    activations: str = Activations.AUTO
+    optimizer: str = OptimizerHome.CPU
+    moments_dtype: str = MomentsDtype.FP32
     # GPU cache units for sliding decoder layers (prefetch depth + 1): a count >= 2, or "auto"
     # (chosen by the placement search; DEFAULT_CACHE_UNITS where nothing is searched)
     cache_units: int | str = "auto"
@@ -53,14 +95,14 @@ class TrainConfig:
     lce_chunk_tokens: int | None = None  # None: chosen from `lce_budget_bytes`
     lce_budget_bytes: int = 1 << 29  # a chunk's bf16 logits: 2048 tokens at vocab 128256
     cpu_threads: int | None = None  # optimizer threads; None: every core
-    placement: str = "fast"  # how "auto" choices are made: see PLACEMENTS
+    placement: str = PlacementMode.FAST  # how "auto" choices are made
     # a cap on the GPU memory the plan may use (a shared GPU, a second job); None: the GPU's
     gpu_memory_gb: float | None = None
     gpu_margin: float = 0.05  # share of the (capped) GPU memory "auto" choices leave free
     # share of host RAM left to the OS and page cache: the ledger's CPU capacity is the rest (an
     # 8B plan at 99% of the H200 host's 125 GiB was killed by the kernel's OOM killer)
     host_margin: float = 0.05
-    clip: str = "none"
+    clip: str = Clip.NONE
     clip_norm: float = 1.0
     # zero-offload: DeepSpeed's reduce_bucket_size, in elements (its default; see zero_offload)
     reduce_bucket: int = 500_000_000
@@ -68,12 +110,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("batch", "seq", "steps", "grad_accum"):
             _positive(name, getattr(self, name))
-        _choice("schedule", self.schedule, SCHEDULES)
-        _choice("activations", self.activations, ACTIVATION_CHOICES)
-        _choice("optimizer", self.optimizer, OPTIMIZER_PLACES)
-        _choice("moments_dtype", self.moments_dtype, MOMENT_DTYPES)
+        for name, enum in _ENUMS.items():
+            _choice(name, getattr(self, name), tuple(enum))
+            object.__setattr__(self, name, enum(getattr(self, name)))
         _cache_units(self.cache_units)
-        _choice("placement", self.placement, PLACEMENTS)
         cap = self.gpu_memory_gb
         if cap is not None and (
             isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap < 1e6
@@ -94,7 +134,7 @@ class TrainConfig:
         if isinstance(self.streamed, int) and self.streamed > 0 and not plain:
             raise ValueError(
                 f"streamed={self.streamed} needs schedule 'sliding', optimizer 'cpu' and "
-                f"grad_accum 1 (got {self.schedule!r}, {self.optimizer!r}, {self.grad_accum}); "
+                f"grad_accum 1 (got '{self.schedule}', '{self.optimizer}', {self.grad_accum}); "
                 "use streamed=0 or 'auto'"
             )
         if self.lce_chunk_tokens is not None:
@@ -103,7 +143,6 @@ class TrainConfig:
         if self.cpu_threads is not None:
             _positive("cpu_threads", self.cpu_threads)
         _positive("reduce_bucket", self.reduce_bucket)
-        _choice("clip", self.clip, CLIP_MODES)
         if not self.clip_norm > 0:
             raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
         for name in ("gpu_margin", "host_margin"):

@@ -166,7 +166,7 @@ def build_ledger(
     drives = len(machine.nvme)
     if drives == 0 and "nvme" in (config.optimizer, config.activations):
         raise ValueError(
-            f"optimizer={config.optimizer!r}, activations={config.activations!r} need at least one "
+            f"optimizer='{config.optimizer}', activations='{config.activations}' need at least one "
             f"NVMe drive, and machine {machine.name!r} has none (add one with --nvme N)"
         )
     terms = _Terms()

@@ -98,6 +98,7 @@ class PlacementChoice:
     legacy: Placement | None = (
         None  # the rule before the search: no resident units, streamed by estimate
     )
+    ledger: Ledger | None = None  # the chosen placement's, when the search built it
 
     @property
     def predicted_step_s(self) -> float | None:
@@ -177,9 +178,9 @@ def choose_placement(
     fitting = tuple(c for c in timed if c.fits)
     if not fitting:
         return PlacementChoice(chosen=search.smallest(), how="nothing fits", legacy=legacy)
-    return PlacementChoice(
-        chosen=fitting[0].placement, how="searched", considered=fitting, legacy=legacy
-    )
+    chosen = fitting[0].placement
+    return PlacementChoice(chosen=chosen, how="searched", considered=fitting, legacy=legacy,
+                           ledger=search.ledger(chosen))  # fmt: skip
 
 
 def plan_fits(model: ModelSpec, machine: Machine, config: TrainConfig) -> bool:

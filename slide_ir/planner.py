@@ -52,7 +52,8 @@ def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
     choice = choose_placement(model, machine, config, partial(build_graph, model, machine))
     config = choice.resolve(config)
     resident, streamed = choice.chosen.units(model) if config.schedule == "sliding" else ((), ())
-    ledger = build_ledger(model, machine, config, resident, streamed)
+    # the search's own ledger of its choice (a ledger does not depend on the steps planned)
+    ledger = choice.ledger or build_ledger(model, machine, config, resident, streamed)
     graph = build_graph(model, machine, config, ledger)
     return Plan(
         model=model, machine=machine, config=config, ledger=ledger, graph=graph, choice=choice

@@ -291,3 +291,12 @@ def test_last_true_bisects_a_falling_predicate():
     assert _last_true(lambda x: x <= 6, 0, 10) == 6
     assert _last_true(lambda x: x <= 60, 0, 10) == 10
     assert _last_true(lambda x: x < 0, 0, 10) is None
+
+
+def test_the_plan_uses_the_ledger_its_search_built(h200):
+    """The search runs once: the plan's ledger is the one the search built for its choice, and
+    equal to a fresh one (a ledger does not depend on the steps planned)."""
+    p = plan(load_model("llama-3.2-1b"), h200, TrainConfig(batch=8, seq=1024, steps=5))
+    assert p.choice is not None and p.choice.how == "searched" and p.ledger is p.choice.ledger
+    resident, streamed = p.choice.chosen.units(p.model)
+    assert build_ledger(p.model, p.machine, p.config, resident, streamed) == p.ledger
