@@ -34,20 +34,33 @@ class WaitTimeout(TimeoutError):
 
 
 class Completion:
-    """Done-ness of one op. `event` is its CUDA event when the op ran on a stream."""
+    """Done-ness of one op. `event` is its CUDA event when the op runs on a stream: made with
+    `start` on the op's first run and recorded again by every repetition of the graph, so a run
+    makes no events after its first repetition (`reset` readies it for the next one)."""
 
-    __slots__ = ("event", "issued", "op_id")
+    __slots__ = ("event", "issued", "op_id", "start")
 
     def __init__(self, op_id: str) -> None:
         self.op_id = op_id
         self.issued = threading.Event()  # host work done, or GPU work enqueued and recorded
+        self.start: torch.cuda.Event | None = None
         self.event: torch.cuda.Event | None = None
 
-    def mark_host_done(self) -> None:
-        self.issued.set()
+    def gpu_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        """The (start, end) events a stream op records around its work."""
+        if self.start is None or self.event is None:
+            self.start = torch.cuda.Event(enable_timing=True)
+            # blocking: a host waiting on it (the cpu lane on a gradient download, the main
+            # thread at the step's end) sleeps instead of spinning on a core AdamW could use
+            self.event = torch.cuda.Event(enable_timing=True, blocking=True)
+        return self.start, self.event
 
-    def mark_recorded(self, event: torch.cuda.Event) -> None:
-        self.event = event
+    def reset(self) -> None:
+        """Not done: the op runs again (its events, if any, are recorded again)."""
+        self.issued.clear()
+
+    def mark_done(self) -> None:
+        """Host work finished, or the op's end event recorded on its stream."""
         self.issued.set()
 
     def wait_issued(self, abort: threading.Event, timeout_s: float, waiter: str) -> None:
@@ -81,3 +94,7 @@ class Completions:
 
     def __getitem__(self, op_id: str) -> Completion:
         return self._by_id[op_id]
+
+    def reset(self) -> None:
+        for c in self._by_id.values():
+            c.reset()

@@ -140,7 +140,10 @@ class Driver:
                 n = min(self.p.config.steps, self.steps - pr.done)
                 if n < self.p.config.steps:  # the last repetition of a longer run: fewer steps
                     graph = graph_plan(self.p, n).graph
-                shared = make_shared(env, graph, pr.recorder)
+                if shared is None or shared.graph is not graph:
+                    shared = make_shared(env, graph, pr.recorder)
+                else:
+                    shared.rerun()
                 if not self._repeat(lanes, shared, n):
                     break
                 global_step = self.start_step + pr.done

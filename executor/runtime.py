@@ -52,6 +52,12 @@ class Shared:
     error: list[BaseException]
     error_lock: threading.Lock
 
+    def rerun(self) -> None:
+        """Ready the graph for its next repetition, once every op of this one is done and the
+        recorder has resolved them: each op's events are recorded again, and a lane puts an
+        op's marks to the recorder before marking it done, so none is re-recorded unread."""
+        self.completions.reset()
+
     def fail(self, exc: BaseException) -> None:
         with self.error_lock:
             self.error.append(exc)
@@ -123,22 +129,19 @@ class LaneWorker(threading.Thread):
             start = time.perf_counter()
             handler(env, self.state, op)
             end = time.perf_counter()
-            done.mark_host_done()
-            s.recorder.put(op, start, end)
+            s.recorder.put(op, start, end)  # before the op is done: see `Shared.rerun`
+            done.mark_done()
             return
         stream = self.state.stream
         with torch.cuda.stream(stream), _nvtx(op.id):
             for dep in op.deps:
                 s.completions[dep].wait_stream(stream, env.abort, timeout, op.id)
-            start_ev = torch.cuda.Event(enable_timing=True)
+            start_ev, end_ev = done.gpu_events()
             start_ev.record(stream)
             handler(env, self.state, op)
-            # blocking: a host waiting on it (the cpu lane on a gradient download, the main
-            # thread at the step's end) sleeps instead of spinning on a core AdamW could use
-            end_ev = torch.cuda.Event(enable_timing=True, blocking=True)
             end_ev.record(stream)
-        done.mark_recorded(end_ev)
         s.recorder.put(op, start_ev, end_ev)
+        done.mark_done()
 
 
 @contextlib.contextmanager

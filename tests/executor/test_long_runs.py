@@ -16,6 +16,7 @@ from executor.checkpoint import RandomInit
 from executor.completion import Completion
 from executor.env import MicroBatch
 from executor.recording import RecentValues
+from executor.runtime import make_shared
 from executor.train import train
 from slide_ir import TrainConfig, load_machine
 from slide_ir.model import load_model
@@ -40,9 +41,13 @@ def test_a_repeated_graph_equals_one_graph(monkeypatch, name):
     drives = int(config.pop("drives", 0))  # type: ignore[call-overload]
     whole = run_executor(False, drives=drives, **config)
     monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
+    made = []
+    monkeypatch.setattr(loop_mod, "make_shared", lambda *a: made.append(make_shared(*a)) or made[-1])
     repeated = run_executor(False, drives=drives, **config)
     assert len(repeated.losses) == 10
     assert_bitwise_equal(whole, repeated)
+    # the 3-step graph's completions (and, on CUDA, events) serve its 3 repetitions
+    assert [s.graph.info.steps for s in made] == [3, 1]
 
 
 def test_saves_inside_and_between_repetitions(monkeypatch):
