@@ -12,6 +12,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:?the device runner sets OUT}
 mkdir -p "$OUT"
 TOKENS=/tmp/slide-startup-tokens.npy
+# a dry run on a CPU: MODEL=tiny-llama VOCAB=512 ARGS="--device cpu --batch 2 --seq 32"
+MODEL=${MODEL:-llama-3.1-8b} VOCAB=${VOCAB:-128000} ARGS=${ARGS:-}
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   free -g
@@ -20,13 +22,14 @@ TOKENS=/tmp/slide-startup-tokens.npy
   git log -1 --oneline 2>/dev/null
 } > "$OUT/env.txt" 2>&1
 # random token ids below llama-3's vocabulary (128256): 200k tokens, 12 batches of 16 x 1024
-python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.random.default_rng(0).integers(0, 128000, size=200_000, dtype=np.int64))" "$TOKENS" || exit 1
+python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.random.default_rng(0).integers(0, int(sys.argv[2]), size=200_000, dtype=np.int64))" "$TOKENS" "$VOCAB" || exit 1
 
 run() {  # run TAG: one 5-step training, its wall time, its phase table
   local tag=$1 start end
   start=$(date +%s.%N)
-  timeout -s INT 290 python3 -m slide.cli -v train --model llama-3.1-8b --batch 16 --seq 1024 \
-    --steps 5 --data "$TOKENS" --no-progress --metrics "$OUT/$tag-metrics.jsonl" \
+  # shellcheck disable=SC2086
+  timeout -s INT 290 python3 -m slide.cli -v train --model "$MODEL" --batch 16 --seq 1024 \
+    --steps 5 --data "$TOKENS" --no-progress --metrics "$OUT/$tag-metrics.jsonl" $ARGS \
     > "$OUT/$tag-summary.json" 2> "$OUT/$tag-log.txt"
   echo "exit $?" >> "$OUT/$tag-log.txt"
   end=$(date +%s.%N)
