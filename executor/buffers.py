@@ -27,7 +27,6 @@ from executor.layout import UnitLayout
 from executor.nvme_io import aligned_empty
 from slide_ir.graph import Graph, Pool, PoolRole, Tier, Value
 from slide_ir.model import ModelSpec
-from slide_ir.zero_offload import GradBucket
 
 log = logging.getLogger("executor.buffers")
 
@@ -73,7 +72,6 @@ class Setup:
     pin: bool  # pinned host memory (CUDA only)
     stripes: int  # NVMe drives the optimizer state is striped over (0: none)
     opt_on_nvme: tuple[str, ...] = ()  # which of "master", "moments" live on NVMe
-    grad_buckets: tuple[GradBucket, ...] = ()  # ZeRO-offload: where each unit's gradient sits
 
 
 def _host_empty(numel: int, dtype: torch.dtype, aligned: bool) -> torch.Tensor:
@@ -288,15 +286,12 @@ class _Allocator:
 
     def device_grads(self, pool: Pool) -> None:
         """A gradient slot of ZeRO-offload (the reduce bucket, or the slot for gradients kept
-        whole); each unit's gradient a view at its place in it (`Setup.grad_buckets`)."""
+        whole); each unit's gradient a view at its place in it (`Pool.offsets`)."""
         s, numel = self.s, pool.slot_bytes // 2  # the ledger's BF16 bytes
         slot = _dev(s, numel, s.dtype)
         self.put(pool, pool.name, slot, numel * s.dtype.itemsize)
-        held = set(pool.units)
-        for b in s.grad_buckets:
-            for unit, offset in zip(b.units, b.offsets, strict=True):
-                if unit in held:
-                    self.out.items[f"zo_g.{unit}"] = slot[offset : offset + self.numel(unit)]
+        for unit, offset in zip(pool.units, pool.offsets, strict=True):
+            self.out.items[f"zo_g.{unit}"] = slot[offset : offset + self.numel(unit)]
 
     def pair_device_units(self) -> None:
         for unit in self.device_units:

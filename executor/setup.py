@@ -25,10 +25,8 @@ from executor.layout import unit_layouts
 from executor.nvme import NvmeDirs, NvmeStore, StripeFormat, backend_for
 from executor.phases import Phases
 from slide_ir.graph import Graph, OpKind, PoolRole, Tier, UnitPlacement, lane_index
-from slide_ir.ledger import lce_chunk_tokens
 from slide_ir.planner import Plan
 from slide_ir.trace import MemorySample
-from slide_ir.zero_offload import grad_buckets
 
 
 @dataclass(kw_only=True)
@@ -165,7 +163,6 @@ def _setup(p: Plan, device: torch.device, dtype: torch.dtype) -> Setup:
         pin=device.type == "cuda",
         stripes=len(p.machine.nvme) if c.optimizer != "cpu" else 0,
         opt_on_nvme=opt_on_nvme[c.optimizer],
-        grad_buckets=grad_buckets(spec, c) if c.schedule == "zero-offload" else (),
     )
 
 
@@ -202,7 +199,7 @@ def build(
         optim=optim,
         step_offset=step_offset,
         total_steps=total_steps,
-        lce_chunk=lce_chunk_tokens(p.model, c),
+        lce_chunk=p.graph.info.lce_chunk or None,
         grad_accum=p.graph.info.grad_accum,
         loss_dev=torch.zeros(c.steps, dtype=torch.float32, device=device),
         loss_host=torch.zeros(c.steps, dtype=torch.float32, pin_memory=s.pin),

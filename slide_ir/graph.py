@@ -210,6 +210,9 @@ class Pool:
     # the units whose values the slots hold: slot i holds units[i] in a per-unit pool (as many
     # units as slots); a ring's or flat slot's candidates otherwise (sizes: the largest)
     units: tuple[int, ...] = ()
+    # a slot holding several units side by side: the element at which each unit's region starts
+    # (parallel to `units`; regions of units never held at once may overlap); empty: packed
+    offsets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.slots <= 0:
@@ -248,6 +251,7 @@ class GraphInfo:
     params: int
     flops_per_step: float  # model FLOPs of one step (6N-style, with attention; no recompute)
     placement: tuple[UnitPlacement, ...] = ()  # per unit 0..n+1 (empty: not a single-GPU plan)
+    lce_chunk: int = 0  # tokens per chunk of the fused loss (0: the whole micro-batch at once)
 
     @property
     def tokens_per_step(self) -> int:
@@ -359,7 +363,7 @@ def info_from_dict(d: Mapping[str, Any]) -> GraphInfo:
 
 def _pool_from_dict(d: Mapping[str, Any]) -> Pool:
     return Pool(**{**d, "tier": Tier(d["tier"]), "role": PoolRole(d["role"]),
-                   "units": tuple(d["units"])})  # fmt: skip
+                   "units": tuple(d["units"]), "offsets": tuple(d["offsets"])})  # fmt: skip
 
 
 def _op_from_dict(d: Mapping[str, Any]) -> Op:

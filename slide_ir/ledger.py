@@ -142,10 +142,11 @@ class _Terms:
         static: bool = False,
         role: R = R.ACCOUNTING,
         units: tuple[int, ...] = (),
+        offsets: tuple[int, ...] = (),
     ) -> None:
         if slots > 0 and slot_bytes > 0:
             pool = Pool(name=name, tier=tier, slots=slots, slot_bytes=slot_bytes, static=static,
-                        role=role, units=units)  # fmt: skip
+                        role=role, units=units, offsets=offsets)  # fmt: skip
             self.items.append(Term(pool=pool, label=label, formula=formula))
 
 
@@ -543,14 +544,18 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
         units=resident_preference(model),
     )
     whole = whole_slot_elements(model, config)  # before the bucket: the executor pairs there
-    held = {pool: tuple(u for b in grad_buckets(model, config) if b.pool == pool for u in b.units)
+    # each unit's gradient at its place in the bucket (or the whole slot) it goes down in
+    held = {pool: [(u, o) for b in grad_buckets(model, config) if b.pool == pool
+                   for u, o in zip(b.units, b.offsets, strict=True)]
             for pool in (WHOLE_POOL, BUCKET_POOL)}  # fmt: skip
     terms.add(WHOLE_POOL, Tier.GPU, 1, whole * BF16, "gradients kept out of the bucket (bf16)",
               f"{whole:.4g} params x 2 B", static=True, role=R.DEVICE_GRADS,
-              units=held[WHOLE_POOL])  # fmt: skip
+              units=tuple(u for u, _ in held[WHOLE_POOL]),
+              offsets=tuple(o for _, o in held[WHOLE_POOL]))  # fmt: skip
     terms.add(BUCKET_POOL, Tier.GPU, 1, bucket * BF16, "gradient reduce bucket (bf16)",
               f"reduce_bucket {bucket:.4g} x 2 B", static=True, role=R.DEVICE_GRADS,
-              units=held[BUCKET_POOL])  # fmt: skip
+              units=tuple(u for u, _ in held[BUCKET_POOL]),
+              offsets=tuple(o for _, o in held[BUCKET_POOL]))  # fmt: skip
     terms.add("gpu_offload_staging", Tier.GPU, 1, big * BF16,
               "offload staging (largest param, bf16)", f"{big:.4g} x 2 B",
               static=True, role=R.ACCOUNTING)  # fmt: skip

@@ -20,7 +20,7 @@ from slide_ir.builder import GraphBuilder
 from slide_ir.config import TrainConfig
 from slide_ir.graph import Graph, GraphInfo, UnitPlacement
 from slide_ir.hardware import Machine, load_machine_toml, machine_to_toml
-from slide_ir.ledger import Ledger, build_ledger, resident_preference
+from slide_ir.ledger import Ledger, build_ledger, lce_chunk_tokens, resident_preference
 from slide_ir.model import ModelSpec
 from slide_ir.placement import PlacementChoice, choose_placement
 from slide_ir.schedules import Ctx
@@ -84,6 +84,7 @@ def build_graph(model: ModelSpec, machine: Machine, config: TrainConfig, ledger:
         params=model.total_params,
         flops_per_step=model_flops_per_step(model, config),
         placement=unit_placement(model, config, ledger),
+        lce_chunk=lce_chunk_tokens(model, config),
     )
     return ctx.b.build(info)
 

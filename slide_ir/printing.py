@@ -45,6 +45,8 @@ def format_graph(graph: Graph) -> str:
                                     "static": int(p.static), "role": p.role}  # fmt: skip
         if p.units:
             items["units"] = ",".join(map(str, p.units))
+        if p.offsets:
+            items["offsets"] = ",".join(map(str, p.offsets))
         lines.append(f"pool {p.name} " + _kv(items))
     lines.extend(format_op(op) for op in graph.ops)
     return "\n".join(lines) + "\n"
@@ -114,6 +116,7 @@ def _parse_pool(name: str, kv: dict[str, str]) -> Pool:
         static=kv.get("static", "0") == "1",
         role=PoolRole(kv.get("role", PoolRole.ACCOUNTING)),
         units=tuple(int(u) for u in kv.get("units", "").split(",") if u),
+        offsets=tuple(int(u) for u in kv.get("offsets", "").split(",") if u),
     )
 
 
