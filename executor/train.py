@@ -52,7 +52,7 @@ class InfeasiblePlanError(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainResult:
-    final_state: dict[str, torch.Tensor]  # HF names, FP32, CPU
+    final_state: dict[str, torch.Tensor]  # HF names, FP32, CPU (empty: `hand_back=False`)
     optim_state: dict[str, torch.Tensor]  # `<name>.exp_avg`, `<name>.exp_avg_sq`, FP32, CPU
     losses: list[float]  # mean token loss of each step done (the last `LOSS_HISTORY`)
     lrs: list[float]
@@ -82,6 +82,8 @@ def train(
     trace_steps: tuple[int, int] = DEFAULT_TRACE_STEPS,
     log_every: int = 10,
     phases: Phases | None = None,
+    on_finish: OnSave | None = None,
+    hand_back: bool = True,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps. See the module docstring.
 
@@ -99,6 +101,11 @@ def train(
     memory samples of steps `trace_steps` (A, B: 1-based, inclusive, counted in this call);
     every `log_every` steps on_step's metrics add tokens/s and lane busy shares over them.
     `phases` times set-up and hand-back (`executor.phases`); the lanes start at its "lanes" mark.
+
+    on_finish(global step, read_state) is called once after the last step, the engine still up
+    (the caller's final save). `hand_back=False` leaves the result's state empty: gathering a
+    model's whole FP32 state into RAM costs seconds and, for state homed on NVMe, the very RAM
+    the NVMe tier saves, so a caller that only saves streams it through `on_finish` instead.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be >= 1, got {log_every}")
@@ -141,7 +148,7 @@ def train(
                 log_every=log_every,
                 cpu_threads=optimizer_threads(p.config) if run.env.cuda else None,
             )
-            return _result(p, run, driver, phases)
+            return _result(p, run, driver, phases, on_finish, start_step, hand_back)
         except torch.OutOfMemoryError as exc:
             exc.add_note(_ledger_note(p))
             raise
@@ -150,15 +157,28 @@ def train(
                 run.close()
 
 
-def _result(p: Plan, run: setup_mod.Run, driver: Driver, phases: Phases) -> TrainResult:
+def _result(
+    p: Plan,
+    run: setup_mod.Run,
+    driver: Driver,
+    phases: Phases,
+    on_finish: OnSave | None,
+    start_step: int,
+    hand_back: bool,
+) -> TrainResult:
     phases.mark("lanes")
     pr = driver.run()
     if "first step end" in phases.marks:
         phases.add("steps", phases.since("first step end"))
     if host_adam.ready_s is not None:
         phases.add("host AdamW kernel", host_adam.ready_s, overlapped=True)
-    with phases("hand-back"):
-        weights, moments = run.extract()
+    if on_finish is not None:
+        on_finish(start_step + pr.done, run.extract)
+    weights: dict[str, torch.Tensor] = {}
+    moments: dict[str, torch.Tensor] = {}
+    if hand_back:
+        with phases("hand-back"):
+            weights, moments = run.extract()
     now = time.perf_counter() - pr.recorder.t0  # the host copy of GPU-kept state counts too
     pr.memory.add(pr.done, run.memory_sample(now))
     trace = Trace(

@@ -35,6 +35,7 @@ from executor.tokenizer import build_tiny_tokenizer
 from executor.train import (
     InfeasiblePlanError,
     NonFiniteLossError,
+    ReadState,
     TrainResult,
     check_feasible,
     train,
@@ -107,7 +108,7 @@ STARTUP = (
     "state",
     "first step",
 )
-SHUTDOWN = ("steps", "hand-back", "release", "save", "report")
+SHUTDOWN = ("steps", "save", "release", "report")
 
 
 def run_training(req: TrainRequest) -> dict[str, Any]:
@@ -193,6 +194,16 @@ def _run(
     reporter = _Reporter(req, total=req.config.steps, start=start, phases=phases)
     stop = _CtrlC()
     result = None
+
+    def final_save(step: int, read_state: ReadState) -> None:
+        """After the last step, the engine still up: the state streams from its homes (RAM,
+        NVMe, the GPU) into the checkpoint, never gathered whole into RAM first."""
+        stop.finishing()
+        if ckpt and step > start:
+            with phases("save"):
+                ckpt.wait()
+                ckpt.save(step, read_state, background=False)
+
     try:
         with stop:
             result = train(
@@ -214,15 +225,13 @@ def _run(
                 trace_steps=req.trace_steps,
                 log_every=req.log_every,
                 phases=phases,
+                on_finish=final_save,
+                hand_back=False,
             )
             stop.finishing()
             done = start + result.steps_done
             if ckpt:
-                with phases("save"):
-                    ckpt.wait()
-                    if result.steps_done:
-                        state = (result.final_state, result.optim_state)
-                        ckpt.save(done, lambda: state, background=False)
+                ckpt.wait()
     except KeyboardInterrupt:
         if ckpt:
             ckpt.cancel()

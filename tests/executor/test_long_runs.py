@@ -153,3 +153,23 @@ def test_a_run_returns_its_last_losses(monkeypatch):
     last = run_executor(tied=False, steps=5)
     assert last.losses == whole.losses[-2:]
     assert last.lrs == whole.lrs[-2:]
+
+
+def test_the_final_state_streams_to_on_finish_instead_of_the_result():
+    """`hand_back=False`: the result holds no state; `on_finish` reads the same state after the
+    last step, with the engine still up (the CLI's final save)."""
+    whole = run_executor(False, steps=4, optimizer="nvme", drives=1)
+    finished = {}
+
+    def on_finish(step, read_state):
+        finished[step] = read_state()
+
+    streamed = run_executor(
+        False, steps=4, optimizer="nvme", drives=1,
+        train_kwargs={"on_finish": on_finish, "hand_back": False},
+    )  # fmt: skip
+    assert streamed.final_state == {} and streamed.optim_state == {}
+    (step, (weights, moments)), = finished.items()
+    assert step == 4
+    assert all(torch.equal(weights[k], whole.final_state[k]) for k in whole.final_state)
+    assert all(torch.equal(moments[k], whole.optim_state[k]) for k in whole.optim_state)
