@@ -196,8 +196,8 @@ def _run(
     result = None
 
     def final_save(step: int, read_state: ReadState) -> None:
-        """After the last step, the engine still up: the state streams from its homes (RAM,
-        NVMe, the GPU) into the checkpoint, never gathered whole into RAM first."""
+        """After the last step, the engine still up: the state is read from its homes (RAM,
+        NVMe, the GPU) only when there is a checkpoint to write (still whole, for now)."""
         stop.finishing()
         if ckpt and step > start:
             with phases("save"):
