@@ -6,12 +6,14 @@
 #      per-step metrics, peak RSS (/usr/bin/time -v) and the page cache (/proc/meminfo Cached)
 #      sampled every 2 s while it runs;
 #   3. `slide simulate` of the same run on the calibrated profile (predicted step time).
-# The drive files are O_DIRECT (executor/nvme_io.py); kvikio is used instead only if its wheels
-# are carried in .whl (they are not by default; the backend shows in train.err's "nvme:" line).
+# The drive files are O_DIRECT (executor/nvme_io.py); kvikio is used instead when its wheels are
+# carried in .whl (kvikio-cu13, libkvikio-cu13, rapids-logger; the image has cupy and cufile; the
+# backend shows in train.err's "nvme:" line). Everything is bundled into $OUT/all.tgz at the end
+# (the device returns at most 8 files).
 #   run: bash bench/h200_nvme.sh        (carry .whl: simpy; writes into $OUT)
 set -uo pipefail
 source bench/h200_env.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*kvikio*.whl 2>/dev/null || echo "kvikio wheels not carried: O_DIRECT backend"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*kvikio*.whl .whl/rapids_logger*.whl 2>/dev/null || echo "kvikio wheels not carried: O_DIRECT backend"
 rm -rf /tmp/nvme && mkdir -p /tmp/nvme
 df -B1 /tmp/nvme | tee "$OUT/df.txt"
 stat -f /tmp/nvme | tee -a "$OUT/df.txt"
@@ -33,7 +35,7 @@ python3 -m slide.cli plan "${flags[@]}" > "$OUT/plan.txt" 2>&1
 head -30 "$OUT/plan.txt"
 
 # the page cache while the run goes (the state must not be in it) and the files' sizes
-( while sleep 2; do echo "$(date +%s) $(grep -E '^Cached:' /proc/meminfo | awk '{print $2}') kB cached, files $(du -sb /tmp/nvme | cut -f1) B"; done ) > "$OUT/meminfo.txt" 2>&1 &
+( while sleep 2; do echo "$(date +%s) $(grep -E '^Cached:' /proc/meminfo | awk '{print $2}') kB cached, files $(du -sb /tmp/nvme | cut -f1) B, slide RSS $(ps -C python3 -o rss= | sort -n | tail -1) kB"; done ) > "$OUT/meminfo.txt" 2>&1 &
 sampler=$!
 timer=()
 [ -x /usr/bin/time ] && timer=(/usr/bin/time -v)
@@ -51,3 +53,4 @@ timeout 40 python3 -m slide.cli simulate "${flags[@]}" --save-trace "$OUT/predic
 echo "rc=$?" >> "$OUT/simulate.txt"
 grep -E "step time|bottleneck|peak memory|utilisation" "$OUT/simulate.txt"
 stamp done
+tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
