@@ -73,15 +73,20 @@ def graph_plan(p: Plan, steps: int) -> Plan:
 class Saver:
     every: int
     on_save: OnSave
-    run: setup_mod.Run
 
     def due(self, global_step: int) -> bool:
         return global_step % self.every == 0
 
-    def save(self, global_step: int) -> None:
-        if self.run.env.cuda:
-            torch.cuda.synchronize(self.run.env.device)
-        self.on_save(global_step, self.run.extract)
+    def save(self, global_step: int, run: setup_mod.Run) -> None:
+        if run.env.cuda:
+            torch.cuda.synchronize(run.env.device)
+        self.on_save(global_step, run.extract)
+
+
+# (the plan whose graph ran, busy seconds per lane over `steps`, steps) -> the plan and engine to
+# go on with, or None to keep the running ones (`executor.train` re-plans; see slide_ir.refit)
+Replan = Callable[[Plan, dict[str, float], set[int]], "tuple[Plan, setup_mod.Run] | None"]
+REPLAN_AFTER = 6  # steps of the first repetition when re-planning: warm-up + 5 steady steps
 
 
 @dataclass(kw_only=True)
@@ -116,8 +121,10 @@ class Driver:
         window: StepWindow,
         log_every: int,
         cpu_threads: int | None,
+        replan: Replan | None = None,
     ) -> None:
         self.p, self.run_, self.it, self.steps = p, run, it, steps
+        self.replan = replan
         self.start_step, self.on_step, self.saver = start_step, on_step, saver
         self.cpu_threads = cpu_threads
         recorder = Recorder(run.env.cuda, window)
@@ -138,6 +145,8 @@ class Driver:
         try:
             while pr.done < self.steps and not pr.stop:
                 n = min(self.p.config.steps, self.steps - pr.done)
+                if self.replan is not None and pr.done == 0:
+                    n = min(n, REPLAN_AFTER)
                 if n < self.p.config.steps:  # the last repetition of a longer run: fewer steps
                     graph = graph_plan(self.p, n).graph
                 if shared is None or shared.graph is not graph:
@@ -148,7 +157,17 @@ class Driver:
                     break
                 global_step = self.start_step + pr.done
                 if self.saver and pr.done < self.steps and self.saver.due(global_step):
-                    self.saver.save(global_step)
+                    self.saver.save(global_step, self.run_)
+                if self.replan is not None and pr.done == n and n < self.steps:
+                    swap = self.replan(
+                        graph_plan(self.p, n), pr.recorder.steady_busy(), set(range(2, n + 1))
+                    )
+                    if swap is not None:  # another placement: its engine, lanes and graph
+                        lanes.stop(shared, abort=False)
+                        shared = None
+                        self.p, self.run_ = swap
+                        env, graph = self.run_.env, self.p.graph
+                        lanes = Lanes(env, graph.lanes(), self.cpu_threads)
         except BaseException:
             lanes.stop(shared, abort=True)  # a lane's error, if any, wins
             raise
@@ -211,7 +230,7 @@ class _Repetition:
                 return
             if self.saving(step):
                 assert self.d.saver is not None
-                self.d.saver.save(self.base + step)
+                self.d.saver.save(self.base + step, self.d.run_)
                 self.feed()
 
     def saving(self, step: int) -> bool:

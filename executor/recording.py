@@ -75,6 +75,7 @@ class Recorder:
         self.window, self.offset = window, 0
         self.spans: list[Span] = []
         self.busy: dict[str, float] = {}  # lane -> seconds of op time, the whole run
+        self._steady: dict[str, float] = {}  # the same from step 2 on (no warm-up)
         self.t0 = time.perf_counter()
         self.origin: torch.cuda.Event | None = None
         if cuda:
@@ -102,9 +103,15 @@ class Recorder:
         for step, op, a, b in ready:
             start, end = self._seconds(a), self._seconds(b)
             self.busy[op.lane] = self.busy.get(op.lane, 0.0) + (end - start)
+            if step >= 2:
+                self._steady[op.lane] = self._steady.get(op.lane, 0.0) + (end - start)
             if step in self.window:
                 span = Span.of(op, start, end)
                 self.spans.append(replace(span, step=step, op_id=_renumbered(op.id, step)))
+
+    def steady_busy(self) -> dict[str, float]:
+        """Seconds of op time per lane over the steps resolved from step 2 on."""
+        return dict(self._steady)
 
     def pending(self) -> int:
         with self._lock:

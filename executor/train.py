@@ -37,6 +37,7 @@ from executor.loop import (
 )
 from executor.phases import Phases
 from executor.recording import DEFAULT_TRACE_STEPS, StepWindow
+from slide_ir import refit
 from slide_ir.config import TrainConfig
 from slide_ir.hardware import Machine
 from slide_ir.model import ModelSpec
@@ -84,6 +85,7 @@ def train(
     phases: Phases | None = None,
     on_finish: OnSave | None = None,
     hand_back: bool = True,
+    replan_request: TrainConfig | None = None,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps. See the module docstring.
 
@@ -106,6 +108,13 @@ def train(
     (the caller's final save). `hand_back=False` leaves the result's state empty: gathering a
     model's whole FP32 state into RAM costs seconds and, for state homed on NVMe, the very RAM
     the NVMe tier saves, so a caller that only saves streams it through `on_finish` instead.
+
+    replan_request: the configuration `the_plan` was planned from, its "auto" choices unresolved:
+    after the first steady steps the run re-fits the machine profile to its measured lanes and,
+    where the placement search then chooses a placement predicted >= 3% faster, moves the state
+    into an engine built for it and goes on (`slide_ir.refit`; `meta["replan"]` says what was
+    decided and why). The move holds the old and the new engine's host memory at once, so it is
+    made only when the machine's RAM holds both.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be >= 1, got {log_every}")
@@ -135,6 +144,44 @@ def train(
             initial_optim_state=initial_optim_state,
             phases=phases,
         )
+        replanned: list[refit.Replanned] = []
+
+        def replan(
+            ran: Plan, busy: dict[str, float], steps: set[int]
+        ) -> tuple[Plan, setup_mod.Run] | None:
+            assert replan_request is not None
+            check = refit.replan(ran, replan_request, busy, steps)
+            replanned.append(check)
+            if check.plan is None:
+                log.info("re-plan: kept the running placement (%s)", check.reason)
+                return None
+            need = ran.ledger.peak_bytes("cpu") + check.plan.ledger.peak_bytes("cpu")
+            if need > ran.machine.ram_bytes:
+                log.info("re-plan: %s, but moving the state needs %.1f GB of RAM (%.1f GB): kept",
+                         check.reason, need / 1e9, ran.machine.ram_bytes / 1e9)  # fmt: skip
+                return None
+            new_p = graph_plan(check.plan, config.steps)
+            check_feasible(new_p, dev)
+            done = driver.progress.done
+            log.warning("re-plan after step %d: %s", start_step + done, check.reason)
+            old = driver.run_
+            weights, moments = old.extract()
+            old.close()
+            moved = setup_mod.build(
+                new_p,
+                device=dev,
+                dtype=dtype,
+                optim=optim,
+                step_offset=start_step + done,
+                total_steps=total,
+                nvme_dir=nvme_dir or Path(tmp),
+                initial_state=weights,
+                initial_optim_state=moments,
+                phases=Phases(),
+            )
+            return new_p, moved
+
+        driver: Driver | None = None
         try:
             driver = Driver(
                 p,
@@ -143,23 +190,25 @@ def train(
                 steps=config.steps,
                 start_step=start_step,
                 on_step=on_step,
-                saver=Saver(save_every, on_save, run) if on_save and save_every else None,
+                saver=Saver(save_every, on_save) if on_save and save_every else None,
                 window=window,
                 log_every=log_every,
                 cpu_threads=optimizer_threads(p.config) if run.env.cuda else None,
+                replan=replan if replan_request is not None else None,
             )
-            return _result(p, run, driver, phases, on_finish, start_step, hand_back)
+            result = _result(driver, phases, on_finish, start_step, hand_back)
+            if replanned:
+                result.meta["replan"] = replanned[0].summary()
+            return result
         except torch.OutOfMemoryError as exc:
             exc.add_note(_ledger_note(p))
             raise
         finally:
             with phases("release"):
-                run.close()
+                (driver.run_ if driver is not None else run).close()
 
 
 def _result(
-    p: Plan,
-    run: setup_mod.Run,
     driver: Driver,
     phases: Phases,
     on_finish: OnSave | None,
@@ -168,6 +217,7 @@ def _result(
 ) -> TrainResult:
     phases.mark("lanes")
     pr = driver.run()
+    p, run = driver.p, driver.run_  # the plan that ran last (re-planning may have moved it)
     if "first step end" in phases.marks:
         phases.add("steps", phases.since("first step end"))
     if host_adam.ready_s is not None:

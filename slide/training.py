@@ -91,6 +91,9 @@ class TrainRequest:
     gantt: str | None = None
     save_trace: str | None = None  # the measured Trace in Slide's format (for compare-trace)
     progress: bool = True
+    # after the first steady steps, re-fit the profile to the measured lanes and move to the
+    # placement the search then prefers (CUDA runs planned here, not from a saved plan)
+    replan: bool = True
 
 
 # the phases a summary reports, in order; `to_first_step_s` sums the start-up ones
@@ -165,8 +168,10 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
         weights = resumed.weights if resumed else _initial(req, spec)
     with phases("output directory"):
         run_dir = _open_out(req, resumed)
+    replan = req.replan and saved is None and device.type == "cuda"
+    request = graph_config(remaining) if replan else None
     try:
-        return _run(req, the_plan, optim, data, weights, resumed, run_dir, phases)
+        return _run(req, the_plan, optim, data, weights, resumed, run_dir, phases, request)
     finally:
         if run_dir is not None:
             run_dir.close()
@@ -188,6 +193,7 @@ def _run(
     resumed: Resumed | None,
     run_dir: RunDir | None,
     phases: Phases,
+    replan_request: TrainConfig | None,
 ) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
     ckpt = _checkpointer(req, the_plan.model, optim, run_dir) if run_dir else None
@@ -227,6 +233,7 @@ def _run(
                 phases=phases,
                 on_finish=final_save,
                 hand_back=False,
+                replan_request=replan_request,
             )
             stop.finishing()
             done = start + result.steps_done
@@ -484,6 +491,7 @@ def _finish(
         "tokens_per_s": m.tokens_per_s,
         "eta": m.eta,
         "checkpoint": str(last) if last else None,
+        **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),
     }
 
 

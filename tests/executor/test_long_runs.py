@@ -42,7 +42,9 @@ def test_a_repeated_graph_equals_one_graph(monkeypatch, name):
     whole = run_executor(False, drives=drives, **config)
     monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
     made = []
-    monkeypatch.setattr(loop_mod, "make_shared", lambda *a: made.append(make_shared(*a)) or made[-1])
+    monkeypatch.setattr(
+        loop_mod, "make_shared", lambda *a: made.append(make_shared(*a)) or made[-1]
+    )
     repeated = run_executor(False, drives=drives, **config)
     assert len(repeated.losses) == 10
     assert_bitwise_equal(whole, repeated)
@@ -169,7 +171,7 @@ def test_the_final_state_streams_to_on_finish_instead_of_the_result():
         train_kwargs={"on_finish": on_finish, "hand_back": False},
     )  # fmt: skip
     assert streamed.final_state == {} and streamed.optim_state == {}
-    (step, (weights, moments)), = finished.items()
+    ((step, (weights, moments)),) = finished.items()
     assert step == 4
     assert all(torch.equal(weights[k], whole.final_state[k]) for k in whole.final_state)
     assert all(torch.equal(moments[k], whole.optim_state[k]) for k in whole.optim_state)

@@ -1,0 +1,49 @@
+"""Online re-planning (slide_ir.refit, executor.train's `replan_request`): after the first steady
+steps a run re-fits its profile to its measured lanes, and moves to the placement the search
+then chooses when it is predicted >= 3% faster; the training itself does not change."""
+
+from __future__ import annotations
+
+from runs import STEPS, B, S, assert_bitwise_equal, assert_matches_reference, run_executor
+
+from slide_ir import TrainConfig, load_machine, refit
+
+REQUEST = TrainConfig(batch=B, seq=S, steps=STEPS, placement="fast")
+
+
+def test_a_slow_cpu_lane_moves_units_to_the_gpu(monkeypatch):
+    """The cpu lane measured 8x slower than the profile: the search on the re-fit profile keeps
+    more units resident; the run moves there after step 6 and still trains as the reference."""
+    monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {"cpu": 8.0})
+    result = run_executor(False, placement="fast", train_kwargs={"replan_request": REQUEST})
+    replan = result.meta["replan"]
+    assert replan["replanned"], replan
+    assert replan["best_step_s"] <= (1 - refit.MIN_GAIN) * replan["running_step_s"]
+    planned_from_start = run_executor(False, placement="fast")
+    assert len(result.meta["resident"]) > len(planned_from_start.meta["resident"])
+    assert_matches_reference(result, tied=False, config={})
+
+
+def test_rates_as_predicted_keep_the_plan(monkeypatch):
+    """Measured as predicted: the same placement, bitwise the same run as one never checked."""
+    monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {})
+    checked = run_executor(False, placement="fast", train_kwargs={"replan_request": REQUEST})
+    assert not checked.meta["replan"]["replanned"]
+    assert_bitwise_equal(checked, run_executor(False, placement="fast"))
+
+
+def test_lane_factors_are_measured_over_predicted_per_kind():
+    measured = {"gpu": 2.0, "nvme0": 1.0, "nvme1": 3.0, "cpu": 50.0, "h2d": 1.0}
+    predicted = {"gpu": 1.0, "nvme": 2.0, "cpu": 1.0}
+    # cpu 50x off is a fault, not a rate; h2d has no prediction to compare with
+    assert refit.lane_factors(measured, predicted) == {"gpu": 2.0, "nvme": 2.0}
+
+
+def test_a_refit_machine_divides_each_lanes_rates():
+    m = load_machine("h200-16c-128g")
+    fitted = refit.refit_machine(m, {"cpu": 2.0, "h2d": 1.25})
+    assert fitted.cpu.adam_elems_per_s_per_core == m.cpu.adam_elems_per_s_per_core / 2
+    assert fitted.link.h2d_bytes_per_s == m.link.h2d_bytes_per_s / 1.25
+    assert fitted.link.d2h_bytes_per_s == m.link.d2h_bytes_per_s
+    assert fitted.gpu == m.gpu
+    assert "re-fit" in fitted.source("cpu.adam_elems_per_s_per_core")
