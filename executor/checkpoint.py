@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -259,29 +259,27 @@ def write_hf_model(
     shards: list[list[str]] = [[]]
     size = 0
     for name in param_names(spec):
-        nbytes = state[name].numel() * dtype.itemsize
+        nbytes = meta_of(state, name).numel() * dtype.itemsize
         if size and size + nbytes > SHARD_BYTES:
             shards.append([])
             size = 0
         shards[-1].append(name)
         size += nbytes
 
-    def tensors(names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        for name in names:
-            yield name, state[name].detach().to("cpu", dtype)
+    def write(path: Path, names: list[str]) -> None:
+        metas = [(n, meta_of(state, n).to(dtype)) for n in names]
+        _write_safetensors(path, metas, lambda n: state[n].detach().to("cpu", dtype), cancel)
 
     if len(shards) == 1:
-        write_safetensors(directory / "model.safetensors", tensors(shards[0]), cancel=cancel)
+        write(directory / "model.safetensors", shards[0])
         return ["config.json", "model.safetensors"]
     weight_map = {}
     files = [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
     for file, names in zip(files, shards, strict=True):
-        write_safetensors(directory / file, tensors(names), cancel=cancel)
+        write(directory / file, names)
         weight_map |= dict.fromkeys(names, file)
-    index = {
-        "metadata": {"total_size": sum(state[n].numel() for n in weight_map) * dtype.itemsize},
-        "weight_map": weight_map,
-    }
+    total = sum(meta_of(state, n).numel() for n in weight_map) * dtype.itemsize
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     write_text(directory / "model.safetensors.index.json", json.dumps(index, indent=2))
     return ["config.json", "model.safetensors.index.json", *files]
 
@@ -292,14 +290,38 @@ def write_safetensors(
     *,
     cancel: threading.Event | None = None,
 ) -> None:
-    """A safetensors file written tensor by tensor from the tensors' own memory, then fsynced.
-    The header needs every shape first, so `tensors` is materialised as a list of (name,
-    tensor) pairs: references, not copies. `cancel` set: WriteCancelled before the next
-    tensor (a background write stops within one tensor's time when the run is aborted)."""
-    items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
+    """A safetensors file written tensor by tensor, then fsynced. The header needs every shape
+    first: from `meta_of` for a mapping (a `StateView` reads each tensor only when its turn
+    comes, so the file never holds more than one unit in RAM), from the tensors themselves for
+    pairs. `cancel` set: WriteCancelled before the next tensor (a background write stops
+    within one tensor's time when the run is aborted)."""
+    if isinstance(tensors, Mapping):
+        metas = [(n, meta_of(tensors, n)) for n in tensors]
+        _write_safetensors(path, metas, tensors.__getitem__, cancel)
+        return
+    pairs = dict(tensors)
+    _write_safetensors(path, list(pairs.items()), pairs.__getitem__, cancel)
+
+
+def meta_of(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    """The dtype and shape of `tensors[name]` as a tensor with no data (read from nothing where
+    the mapping can say, as a `StateView` does)."""
+    meta = getattr(tensors, "meta", None)
+    if meta is not None:
+        return meta(name)  # type: ignore[no-any-return]
+    t = tensors[name]
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
+def _write_safetensors(
+    path: Path,
+    metas: list[tuple[str, torch.Tensor]],
+    fetch: Callable[[str], torch.Tensor],
+    cancel: threading.Event | None,
+) -> None:
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for name, t in items:
+    for name, t in metas:
         header[name] = {
             "dtype": SAFETENSORS_DTYPES[t.dtype],
             "shape": list(t.shape),
@@ -311,11 +333,15 @@ def write_safetensors(
     delay_ms = knobs_mod.from_env().save_delay_ms
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little") + raw)
-        for _, t in items:
+        for name, want in metas:
             if delay_ms:
                 time.sleep(delay_ms / 1e3)
             if cancel is not None and cancel.is_set():
                 raise WriteCancelled(str(path))
+            t = fetch(name)
+            if t.dtype != want.dtype or t.shape != want.shape:
+                raise ValueError(f"{path}: {name} is {t.dtype} {tuple(t.shape)}, its header "
+                                 f"says {want.dtype} {tuple(want.shape)}")  # fmt: skip
             f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
         f.flush()
         os.fsync(f.fileno())

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,7 +41,8 @@ log = logging.getLogger("executor.loop")
 GRAPH_STEPS = 64
 LOSS_HISTORY = 10_000  # the last losses and LRs a result keeps (aggregates come from on_step)
 OnStep = Callable[[int, float, float, dict[str, Any]], bool | None]
-ReadState = Callable[[], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+# the state (weights, moments) read from the running engine: valid during the callback only
+ReadState = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]]
 OnSave = Callable[[int, ReadState], None]
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 
@@ -80,7 +81,7 @@ class Saver:
     def save(self, global_step: int, run: setup_mod.Run) -> None:
         if run.env.cuda:
             torch.cuda.synchronize(run.env.device)
-        self.on_save(global_step, run.extract)
+        self.on_save(global_step, run.state_views)
 
 
 # (the plan whose graph ran, busy seconds per lane over `steps`, steps) -> the plan and engine to

@@ -74,6 +74,10 @@ class Run:
     def extract(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         return state.extract(self.env)
 
+    def state_views(self) -> tuple[state.StateView, state.StateView]:
+        """The state a unit at a time, while the engine is up (checkpoints)."""
+        return state.state_views(self.env)
+
     def close(self) -> None:
         """Release what outlives garbage collection: pinned registrations, NVMe files."""
         if self.env.cuda:

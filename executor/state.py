@@ -16,7 +16,7 @@ one thread's work).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -189,13 +189,68 @@ def extract(env: Env) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
     """(weights, moments), HF names, FP32 on the CPU. Call after the lanes have stopped."""
     weights: dict[str, torch.Tensor] = {}
     moments: dict[str, torch.Tensor] = {}
-    for unit, layout in env.layouts.items():
-        dev = env.buffers.items.get(f"devopt.{unit}")
-        if isinstance(dev, OptState):
-            master, m, v = dev.master, dev.m, dev.v
-        else:
-            master, m, v = _host_state(env, unit)
-        weights.update(unpack(layout, master))
-        moments.update(unpack(layout, m, EXP_AVG))
-        moments.update(unpack(layout, v, EXP_AVG_SQ))
+    for unit in env.layouts:
+        unit_weights, unit_moments = _unit_state(env, unit)
+        weights.update(unit_weights)
+        moments.update(unit_moments)
     return weights, moments
+
+
+def _unit_state(env: Env, unit: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    layout = env.layouts[unit]
+    dev = env.buffers.items.get(f"devopt.{unit}")
+    if isinstance(dev, OptState):
+        master, m, v = dev.master, dev.m, dev.v
+    else:
+        master, m, v = _host_state(env, unit)
+    moments = unpack(layout, m, EXP_AVG) | unpack(layout, v, EXP_AVG_SQ)
+    return unpack(layout, master), moments
+
+
+def state_views(env: Env) -> tuple[StateView, StateView]:
+    """(weights, moments) as `extract` names them, read a unit at a time (see `StateView`)."""
+    cache = _OneUnit(env)
+    weights, moments = {}, {}
+    for unit, layout in env.layouts.items():
+        for e in layout.hf:
+            weights[e.name] = (unit, e.shape)
+            moments[e.name + EXP_AVG] = moments[e.name + EXP_AVG_SQ] = (unit, e.shape)
+    return StateView(cache, weights), StateView(cache, moments)
+
+
+class StateView(Mapping[str, torch.Tensor]):
+    """A running engine's state by HF name, FP32 on the CPU, read from its homes (RAM, NVMe, the
+    GPU) one unit at a time as names are asked for: a checkpoint written through it holds one
+    unit's state in RAM, where `extract` would gather the model's (more than the RAM of a run
+    whose state lives on NVMe or on the GPU). `meta(name)`: the tensor's dtype and shape,
+    read from nothing."""
+
+    def __init__(self, cache: _OneUnit, entries: dict[str, tuple[int, tuple[int, ...]]]) -> None:
+        self._cache, self._entries = cache, entries
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._cache.get(self._entries[name][0], name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def meta(self, name: str) -> torch.Tensor:
+        return torch.empty(self._entries[name][1], dtype=torch.float32, device="meta")
+
+
+class _OneUnit:
+    """The last unit read (weights and moments), dropped before the next is read."""
+
+    def __init__(self, env: Env) -> None:
+        self.env, self.unit = env, -1
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def get(self, unit: int, name: str) -> torch.Tensor:
+        if unit != self.unit:
+            self.tensors, self.unit = {}, -1
+            weights, moments = _unit_state(self.env, unit)
+            self.tensors, self.unit = weights | moments, unit
+        return self.tensors[name]

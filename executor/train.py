@@ -223,7 +223,7 @@ def _result(
     if host_adam.ready_s is not None:
         phases.add("host AdamW kernel", host_adam.ready_s, overlapped=True)
     if on_finish is not None:
-        on_finish(start_step + pr.done, run.extract)
+        on_finish(start_step + pr.done, run.state_views)
     weights: dict[str, torch.Tensor] = {}
     moments: dict[str, torch.Tensor] = {}
     if hand_back:

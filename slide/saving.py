@@ -17,7 +17,13 @@ from pathlib import Path
 
 import torch
 
-from executor.checkpoint import WriteCancelled, write_hf_model, write_safetensors, write_text
+from executor.checkpoint import (
+    WriteCancelled,
+    meta_of,
+    write_hf_model,
+    write_safetensors,
+    write_text,
+)
 from executor.train import ReadState
 from slide.checkpoints import STATE_FILE, RunDir
 from slide.errors import StopRun
@@ -95,7 +101,8 @@ class Checkpointer:
         log.info("checkpoint (%d steps) published at %s", step, self.last)
 
     def _snapshot_fits(self, *parts: Mapping[str, torch.Tensor]) -> bool:
-        need = sum(t.numel() * t.element_size() for p in parts for t in p.values())
+        metas = (meta_of(p, name) for p in parts for name in p)  # nothing read to count it
+        need = sum(t.numel() * t.element_size() for t in metas)
         available = available_memory_bytes()
         if need <= SNAPSHOT_SHARE * available:
             return True

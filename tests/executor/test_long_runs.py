@@ -9,7 +9,8 @@ import threading
 
 import pytest
 import torch
-from runs import assert_bitwise_equal, run_executor
+from hf_models import spec_of
+from runs import assert_bitwise_equal, model_config, run_executor
 
 import executor.loop as loop_mod
 from executor.checkpoint import RandomInit
@@ -163,8 +164,8 @@ def test_the_final_state_streams_to_on_finish_instead_of_the_result():
     whole = run_executor(False, steps=4, optimizer="nvme", drives=1)
     finished = {}
 
-    def on_finish(step, read_state):
-        finished[step] = read_state()
+    def on_finish(step, read_state):  # the state is read while the engine is up: copy it
+        finished[step] = tuple({k: t.clone() for k, t in part.items()} for part in read_state())
 
     streamed = run_executor(
         False, steps=4, optimizer="nvme", drives=1,
@@ -174,4 +175,37 @@ def test_the_final_state_streams_to_on_finish_instead_of_the_result():
     ((step, (weights, moments)),) = finished.items()
     assert step == 4
     assert all(torch.equal(weights[k], whole.final_state[k]) for k in whole.final_state)
+    assert all(torch.equal(moments[k], whole.optim_state[k]) for k in whole.optim_state)
+
+
+def test_a_checkpoint_reads_the_state_a_unit_at_a_time(monkeypatch, tmp_path):
+    """The final save writes through `StateView`s: each unit's state (here on NVMe) is read
+    when its tensors' turn comes, once for the weights and once for the moments, and the files
+    hold exactly the state a run hands back."""
+    from safetensors.torch import load_file
+
+    from executor import state as state_mod
+    from executor.checkpoint import write_hf_model, write_safetensors
+
+    whole = run_executor(False, steps=3, optimizer="nvme", drives=1)
+    reads = []
+    read_unit = state_mod._unit_state
+    monkeypatch.setattr(
+        state_mod, "_unit_state", lambda env, unit: reads.append(unit) or read_unit(env, unit)
+    )
+
+    def on_finish(step, read_state):
+        weights, moments = read_state()
+        assert not reads  # nothing read before a tensor is asked for
+        write_hf_model(tmp_path, spec_of(model_config(False)), weights, dtype=torch.float32)
+        write_safetensors(tmp_path / "moments.safetensors", moments)
+
+    run_executor(False, steps=3, optimizer="nvme", drives=1,
+                 train_kwargs={"on_finish": on_finish, "hand_back": False})  # fmt: skip
+    units = sorted(set(reads))
+    assert reads == units + units  # in order, each once per file: one unit in RAM at a time
+    weights = load_file(tmp_path / "model.safetensors")
+    moments = load_file(tmp_path / "moments.safetensors")
+    assert weights.keys() == whole.final_state.keys()
+    assert all(torch.equal(weights[k], whole.final_state[k]) for k in weights)
     assert all(torch.equal(moments[k], whole.optim_state[k]) for k in whole.optim_state)
