@@ -23,6 +23,7 @@ import datetime
 import logging
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from slide.fileio import write_atomic
 from slide.host_probes import GIB, Host
 from slide_ir.hardware import Machine, load_machine, load_machine_toml, machine_to_toml
 from slide_ir.hardware_parts import freeze_sources
+from slide_ir.refit import refit_machine
 
 log = logging.getLogger(__name__)
 CPU_MODE_PRESET = "paper-pc-4090"
@@ -104,6 +106,17 @@ def measure(host: Host) -> Machine:
     machine = host_probes.profile(platform.node() or "auto", host, got, stamp)
     store(host, machine, host_probes.header("slide train --machine auto", got))
     return machine
+
+
+def refit_cache(device: Any, factors: Mapping[str, float]) -> Path | None:
+    """Write back a run's re-fit rates (`slide_ir.refit`: measured / predicted per lane) into
+    this host's cached profile, so the next run plans with them from its first step."""
+    host = host_probes.this_host(device)
+    machine = cached(host)
+    if machine is None or not factors:
+        return None
+    fitted = refit_machine(machine, factors)
+    return store(host, fitted, "# re-fit to the lanes of a `slide train` run\n")
 
 
 def store(host: Host, machine: Machine, header: str = "") -> Path | None:

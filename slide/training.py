@@ -252,6 +252,11 @@ def _run(
     finally:
         reporter.close()
     last = ckpt.last if ckpt else None
+    factors = result.meta.get("replan", {}).get("factors") if result else None
+    if factors and req.machine == "auto":
+        from slide.auto_machine import refit_cache
+
+        refit_cache(torch.device(req.device or "cuda"), factors)
     with phases("report"):
         summary = _finish(req, result, reporter, done, the_plan.machine, last,
                           interrupted=stop.requested)  # fmt: skip

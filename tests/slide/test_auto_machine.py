@@ -173,3 +173,15 @@ def test_probes_over_their_budget_are_warned_about(caplog):
     with caplog.at_level(logging.INFO, logger="slide.host_probes"):
         got = host_probes.run_probes({"a": lambda: 1, "b": lambda: 2}, budget_s=0.0)
     assert got == {"a": 1, "b": 2} and "over their 0 s budget" in caplog.text
+
+
+def test_a_runs_refit_rates_are_written_back_to_the_cache(probes):
+    """A run that re-fit its profile (cpu lane measured 2x slow) leaves the cache re-fit: the
+    next run plans with it, without measuring again."""
+    first = auto_machine.auto_machine(CUDA)
+    assert auto_machine.refit_cache(CUDA, {"cpu": 2.0}) == auto_machine.cache_path(HOST)
+    again = auto_machine.auto_machine(CUDA)
+    assert again.cpu.adam_elems_per_s_per_core == first.cpu.adam_elems_per_s_per_core / 2
+    assert again.gpu == first.gpu and again.link == first.link
+    assert probes.calls == 3  # measured once
+    assert "re-fit" in again.source("cpu.adam_elems_per_s_per_core")
