@@ -26,7 +26,7 @@ from slide_ir.schedules import (
     param_bytes,
     prefetch_activations,
 )
-from slide_ir.values import at, grads
+from slide_ir.values import grads
 from slide_ir.zero_offload import GradBucket, grad_buckets, grad_order, unit_elements
 
 K = OpKind
@@ -64,7 +64,8 @@ class _Flushes:
             ctx.b.emit(op_id, K.D2H_GRAD, "gpu", step=self.step, unit=u,
                        work=Work(bytes=unit_elements(ctx.model, u) * FP32),
                        deps=[producer, self.accumulated.get(u)],
-                       reads=[at(grads(u), ctx.grads_on_gpu(u))], writes=[_landed(ctx, u)])  # fmt: skip
+                       reads=[ctx.at(grads(u), ctx.grads_on_gpu(u))],
+                       writes=[_landed(ctx, u)])  # fmt: skip
             self.landed[u] = op_id
 
 
@@ -79,7 +80,7 @@ def _micro_batch(ctx: Ctx, step: int, micro: int, buckets: tuple[GradBucket, ...
     return flushes.landed
 
 
-def _landed(ctx: Ctx, unit: int) -> Value:
+def _landed(ctx: Ctx, unit: int) -> Value | None:
     """A unit's FP32 gradient in the pinned buffer it lands in."""
     return ctx.home(R.GRAD_LANDING, unit, "g")
 
@@ -97,7 +98,7 @@ def _accumulate(ctx: Ctx, step: int, micro: int, landed: dict[int, str]) -> dict
         ctx.b.emit(op_id, K.GRAD_ACCUM, "cpu", step=step, unit=u,
                    work=Work(elements=p, bytes=p * 3 * FP32), deps=[landed[u]],
                    reads=[_landed(ctx, u)],
-                   writes=[at(acc.name, acc.slot, accumulate=micro > 0)])  # fmt: skip
+                   writes=[acc and ctx.at(acc.name, acc.slot, accumulate=micro > 0)])  # fmt: skip
         out[u] = op_id
     return out
 

@@ -72,12 +72,12 @@ class GraphBuilder:
         for slot in release:
             pool = slot.rpartition(".")[0]
             self._free[pool].append((slot, op_id))
-        placed = tuple(
-            Value(name=v.name, slot=slots[v.index], accumulate=v.accumulate)
-            if isinstance(v, Taken) else v
-            for v in writes
-            if v is not None
-        )  # fmt: skip
+        placed: list[Value] = []
+        for v in writes:
+            if isinstance(v, Taken):
+                placed.append(Value(name=v.name, slot=slots[v.index], accumulate=v.accumulate))
+            elif v is not None:
+                placed.append(v)
         self.ops.append(
             Op(
                 id=op_id,
@@ -90,8 +90,8 @@ class GraphBuilder:
                 deps=tuple(dict.fromkeys(dep_list)),
                 acquires=tuple(slots + scratch_slots),
                 releases=release,
-                reads=tuple(v for v in reads if v is not None),
-                writes=placed,
+                reads=tuple(filter(None, reads)),
+                writes=tuple(placed),
             )
         )
         return tuple(slots)
@@ -104,5 +104,7 @@ class GraphBuilder:
             raise PlanningError(f"op {op_id}: pool {pool!r} has no free slot at this point")
         return free.popleft()
 
-    def build(self, info: GraphInfo) -> Graph:
-        return Graph(info=info, pools=self.pools, ops=tuple(self.ops))
+    def build(self, info: GraphInfo, *, check: bool = True) -> Graph:
+        """The graph; `check=False`: without its construction checks (`Graph.unchecked`)."""
+        make = Graph if check else Graph.unchecked
+        return make(info=info, pools=self.pools, ops=tuple(self.ops))

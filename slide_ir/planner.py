@@ -49,7 +49,9 @@ class Plan:
 def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
     """The plan of `config`, with its "auto" choices made by `choose_placement`: the returned
     `Plan.config` holds them (activations, cache depth, resident and streamed counts)."""
-    choice = choose_placement(model, machine, config, partial(build_graph, model, machine))
+    # the search's candidates are only timed: built unchecked (the plan's own graph is checked)
+    candidates = partial(build_graph, model, machine, check=False)
+    choice = choose_placement(model, machine, config, candidates)
     config = choice.resolve(config)
     resident, streamed = choice.chosen.units(model) if config.schedule == "sliding" else ((), ())
     # the search's own ledger of its choice (a ledger does not depend on the steps planned)
@@ -60,8 +62,11 @@ def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
     )
 
 
-def build_graph(model: ModelSpec, machine: Machine, config: TrainConfig, ledger: Ledger) -> Graph:
-    """The schedule of `config.schedule` over the ledger's pools and placement."""
+def build_graph(
+    model: ModelSpec, machine: Machine, config: TrainConfig, ledger: Ledger, *, check: bool = True
+) -> Graph:
+    """The schedule of `config.schedule` over the ledger's pools and placement (`check=False`:
+    without the graph's construction checks)."""
     ctx = Ctx(
         model=model,
         config=config,
@@ -70,6 +75,7 @@ def build_graph(model: ModelSpec, machine: Machine, config: TrainConfig, ledger:
         resident=frozenset(ledger.resident) if config.schedule == "sliding" else frozenset(),
         streamed=frozenset(ledger.streamed),
         pace=state_pace(model, machine, config),
+        values=check,
     )
     EMITTERS[config.schedule](ctx)
     info = GraphInfo(
@@ -86,7 +92,7 @@ def build_graph(model: ModelSpec, machine: Machine, config: TrainConfig, ledger:
         placement=unit_placement(model, config, ledger),
         lce_chunk=lce_chunk_tokens(model, config),
     )
-    return ctx.b.build(info)
+    return ctx.b.build(info, check=check)
 
 
 def unit_placement(

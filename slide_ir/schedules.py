@@ -61,6 +61,9 @@ class Ctx:
     grads_written: set[int] = field(default_factory=set)  # units with grads in this micro-batch
     homes: dict[tuple[PoolRole, int], str] = field(default_factory=dict)  # see `unit_homes`
     tokens_slot: str = ""
+    # False: the ops name no values (the placement search's candidates, which are only timed:
+    # a third of their building time); the helpers below then return None, which emit drops
+    values: bool = True
 
     def __post_init__(self) -> None:
         self.homes = unit_homes(self.b.pools)
@@ -88,7 +91,15 @@ class Ctx:
         """`s1.L3.x` (unit 3's input), `s1.L3.dx` (its gradient), `s1.L3.tape`."""
         return self.oid(step, micro, unit, what)
 
-    def tokens(self, step: int, micro: int) -> Value:
+    def at(self, name: str, slot: str, *, accumulate: bool = False) -> Value | None:
+        return Value(name=name, slot=slot, accumulate=accumulate) if self.values else None
+
+    def taken(self, name: str, index: int = 0) -> Taken | None:
+        return Taken(name, index) if self.values else None
+
+    def tokens(self, step: int, micro: int) -> Value | None:
+        if not self.values:
+            return None
         return at(micro_prefix(step, micro, self.config.grad_accum) + "tokens", self.tokens_slot)
 
     def on_gpu(self, unit: int) -> str:
@@ -100,18 +111,24 @@ class Ctx:
         slot = self.unit_slot.get(unit) or self.homes.get((R.RESIDENT, unit))
         return slot or self.homes[(R.DEVICE_GRADS, unit)]
 
-    def weights_read(self, unit: int) -> Value:
+    def weights_read(self, unit: int) -> Value | None:
+        if not self.values:
+            return None
         return at(weights(unit), self.on_gpu(unit))
 
-    def grads_write(self, unit: int, micro: int) -> Value:
+    def grads_write(self, unit: int, micro: int) -> Value | None:
         """The unit's GPU gradient as the next op writes it: the first write of a micro-batch
         overwrites (unless the gradient persists across micro-batches), later ones add (a tied
         embedding gets the LM head's gradient, then the lookup's)."""
+        if not self.values:
+            return None
         acc = unit in self.grads_written or (unit in self.persistent_grads and micro > 0)
         self.grads_written.add(unit)
         return at(grads(unit), self.grads_on_gpu(unit), accumulate=acc)
 
-    def home(self, role: PoolRole, unit: int, what: str) -> Value:
+    def home(self, role: PoolRole, unit: int, what: str) -> Value | None:
+        if not self.values:
+            return None
         return at(unit_value(unit, what), self.homes[(role, unit)])
 
 
@@ -140,7 +157,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         deps=[ctx.weights_ready.get(0)],
         acquire=["gpu_acts"],
         reads=[ctx.weights_read(0)],
-        writes=[Taken(oid(1, "x")), ctx.tokens(step, micro)],
+        writes=[ctx.taken(oid(1, "x")), ctx.tokens(step, micro)],
     )
     ctx.act_gpu[1], ctx.act_ready[1] = x1, oid(0, "fwd")
     for i in range(1, n + 1):
@@ -157,8 +174,8 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
             acquire=["gpu_acts"],
             scratch=["gpu_workspace"],
             release=[ctx.unit_slot[i] if done_with_unit else None],
-            reads=[ctx.weights_read(i), at(oid(i, "x"), ctx.act_gpu[i])],
-            writes=[Taken(oid(i + 1, "x"))],
+            reads=[ctx.weights_read(i), ctx.at(oid(i, "x"), ctx.act_gpu[i])],
+            writes=[ctx.taken(oid(i + 1, "x"))],
         )
         if done_with_unit:
             del ctx.unit_slot[i]
@@ -182,9 +199,9 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         acquire=["gpu_hidden_grads"],
         scratch=["gpu_workspace"],
         release=[ctx.act_gpu[head]],
-        reads=[ctx.weights_read(head), at(oid(head, "x"), ctx.act_gpu.pop(head)),
+        reads=[ctx.weights_read(head), ctx.at(oid(head, "x"), ctx.act_gpu.pop(head)),
                ctx.tokens(step, micro), ctx.weights_read(0) if tied else None],
-        writes=[ctx.grads_write(head, micro), Taken(oid(head, "dx")),
+        writes=[ctx.grads_write(head, micro), ctx.taken(oid(head, "dx")),
                 ctx.grads_write(0, micro) if tied else None],
     )  # fmt: skip
 
@@ -208,8 +225,8 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             work=layer_work(m, c, backward=False),
             deps=[ctx.weights_ready.get(j), ctx.act_ready.pop(j)],
             acquire=["gpu_workspace"],
-            reads=[ctx.weights_read(j), at(oid(j, "x"), ctx.act_gpu[j])],
-            writes=[Taken(oid(j, "tape"))],
+            reads=[ctx.weights_read(j), ctx.at(oid(j, "x"), ctx.act_gpu[j])],
+            writes=[ctx.taken(oid(j, "tape"))],
         )
         dx_in = ctx.hidden_grad.pop(j + 1)
         (ctx.hidden_grad[j],) = b.emit(
@@ -221,15 +238,15 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             work=layer_work(m, c, backward=True),
             acquire=["gpu_hidden_grads"],
             release=[ctx.workspace, ctx.act_gpu.pop(j), dx_in],
-            reads=[ctx.weights_read(j), at(oid(j, "tape"), ctx.workspace),
-                   at(oid(j + 1, "dx"), dx_in)],
-            writes=[ctx.grads_write(j, micro), Taken(oid(j, "dx"))],
+            reads=[ctx.weights_read(j), ctx.at(oid(j, "tape"), ctx.workspace),
+                   ctx.at(oid(j + 1, "dx"), dx_in)],
+            writes=[ctx.grads_write(j, micro), ctx.taken(oid(j, "dx"))],
         )  # fmt: skip
         after_bwd(j)
     dx_in = ctx.hidden_grad.pop(1)
     b.emit(oid(0, "bwd"), K.BWD, "gpu", step=step, unit=0, work=Work(bytes=ctx.hidden_bytes),
            release=[dx_in], reads=[ctx.weights_read(0), ctx.tokens(step, micro),
-                                   at(oid(1, "dx"), dx_in)],
+                                   ctx.at(oid(1, "dx"), dx_in)],
            writes=[ctx.grads_write(0, micro)])  # fmt: skip
     after_bwd(0)
 
@@ -264,8 +281,8 @@ def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:
         deps=[oid("fwd")],
         acquire=[home],
         release=[ctx.act_gpu[i]],
-        reads=[at(oid("x"), ctx.act_gpu.pop(i))],
-        writes=[Taken(oid("x"))],
+        reads=[ctx.at(oid("x"), ctx.act_gpu.pop(i))],
+        writes=[ctx.taken(oid("x"))],
     )
     ctx.act_home[i], ctx.act_home_op[i] = slot, oid("act.save")
     ctx.act_ready.pop(i, None)
@@ -280,8 +297,8 @@ def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:
             deps=[oid("act.save")],
             acquire=["nvme_acts"],
             release=[slot],
-            reads=[at(oid("x"), slot)],
-            writes=[Taken(oid("x"))],
+            reads=[ctx.at(oid("x"), slot)],
+            writes=[ctx.taken(oid("x"))],
         )
         ctx.act_home[i], ctx.act_home_op[i] = disk, oid("act.write")
 
@@ -303,8 +320,8 @@ def read_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
         deps=[ctx.act_home_op[j]],
         acquire=["pinned_act_staging"],
         release=[ctx.act_home[j]],
-        reads=[at(ctx.hidden(step, micro, j, "x"), ctx.act_home[j])],
-        writes=[Taken(ctx.hidden(step, micro, j, "x"))],
+        reads=[ctx.at(ctx.hidden(step, micro, j, "x"), ctx.act_home[j])],
+        writes=[ctx.taken(ctx.hidden(step, micro, j, "x"))],
     )
     ctx.act_home[j], ctx.act_home_op[j] = staging, op_id
 
@@ -325,8 +342,8 @@ def load_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
         deps=[ctx.act_home_op.pop(j)],
         acquire=["gpu_acts"],
         release=[ctx.act_home[j]],
-        reads=[at(ctx.hidden(step, micro, j, "x"), ctx.act_home.pop(j))],
-        writes=[Taken(ctx.hidden(step, micro, j, "x"))],
+        reads=[ctx.at(ctx.hidden(step, micro, j, "x"), ctx.act_home.pop(j))],
+        writes=[ctx.taken(ctx.hidden(step, micro, j, "x"))],
     )
     ctx.act_gpu[j], ctx.act_ready[j] = slot, op_id
 
@@ -350,7 +367,8 @@ def device_update(ctx: Ctx, step: int, unit: int) -> str:
     op_id, slot = ctx.sid(step, unit, "gpu_adam"), ctx.on_gpu(unit)
     state = ctx.home(R.RESIDENT, unit, "state")
     ctx.b.emit(op_id, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
-               reads=[at(grads(unit), slot), state], writes=[at(weights(unit), slot), state])  # fmt: skip
+               reads=[ctx.at(grads(unit), slot), state],
+               writes=[ctx.at(weights(unit), slot), state])  # fmt: skip
     return op_id
 
 
@@ -421,7 +439,7 @@ class OptimizerIo:
                 deps=[ctx.last_update.get(unit)],
                 acquire=[f"opt_staging_{unit_group(ctx, unit)}"],
                 reads=[ctx.home(R.NVME_STATE, unit, f"state{k}")],
-                writes=[Taken(unit_value(unit, f"state{k}"))],
+                writes=[ctx.taken(unit_value(unit, f"state{k}"))],
             )
             ids.append(op_id)
             slots.append(slot)
@@ -446,19 +464,21 @@ class OptimizerIo:
         state = self._state(unit)
         ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, unit=unit, work=adam_work(ctx, unit),
                    deps=[*deps, *reads], release=release, reads=[grads, acc, *state],
-                   writes=[acc and at(acc.name, acc.slot, accumulate=True),
+                   writes=[acc and ctx.at(acc.name, acc.slot, accumulate=True),
                            ctx.home(R.HOST_WEIGHTS, unit, "w"), *state])  # fmt: skip
         self.write_back(unit, op_id)
         ctx.last_update[unit] = op_id
 
-    def _state(self, unit: int) -> list[Value]:
+    def _state(self, unit: int) -> list[Value | None]:
         """Where the update finds the unit's master and moments: RAM, or the staging slots of
         its NVMe stripes (and the master in RAM when only the moments are on NVMe)."""
         ctx = self.ctx
         master = ctx.home(R.MASTER, unit, "master") if (R.MASTER, unit) in ctx.homes else None
         if not self.on_nvme:
-            return [master, ctx.home(R.MOMENTS, unit, "moments")]  # type: ignore[list-item]
-        stripes = [at(unit_value(unit, f"state{k}"), s) for k, s in enumerate(self.staging[unit])]
+            return [master, ctx.home(R.MOMENTS, unit, "moments")]
+        stripes = [
+            ctx.at(unit_value(unit, f"state{k}"), s) for k, s in enumerate(self.staging[unit])
+        ]
         return [*([master] if master else []), *stripes]
 
     def write_back(self, unit: int, update_op: str) -> None:
@@ -478,6 +498,6 @@ class OptimizerIo:
                 work=Work(bytes=share),
                 deps=[update_op],
                 release=[slot],
-                reads=[at(unit_value(unit, f"state{k}"), slot)],
+                reads=[ctx.at(unit_value(unit, f"state{k}"), slot)],
                 writes=[ctx.home(R.NVME_STATE, unit, f"state{k}")],
             )

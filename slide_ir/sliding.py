@@ -15,7 +15,6 @@ can travel when the link is free rather than when the unit is next (`_StateTraff
 
 from __future__ import annotations
 
-from slide_ir.builder import Taken
 from slide_ir.graph import OpKind, PoolRole, Value, Work
 from slide_ir.ledger import FP32, unit_params
 from slide_ir.schedules import (
@@ -30,7 +29,7 @@ from slide_ir.schedules import (
     prefetch_activations,
     unit_group,
 )
-from slide_ir.values import at, grads, weights
+from slide_ir.values import grads, weights
 
 K = OpKind
 R = PoolRole
@@ -141,8 +140,8 @@ class _Micro:
             deps=[produced_by],
             acquire=[f"pinned_grads_{unit_group(ctx, unit)}"],
             release=[on_gpu],
-            reads=[at(grads(unit), on_gpu)],
-            writes=[Taken(grads(unit))],
+            reads=[ctx.at(grads(unit), on_gpu)],
+            writes=[ctx.taken(grads(unit))],
         )
         if not self.last:
             acc = ctx.home(R.GRAD_ACCUM, unit, "gacc")
@@ -155,21 +154,21 @@ class _Micro:
                 work=grad_accum_work(ctx, unit),
                 deps=[d2h],
                 release=[landing],
-                reads=[at(grads(unit), landing)],
-                writes=[at(acc.name, acc.slot, accumulate=self.micro > 0)],
+                reads=[ctx.at(grads(unit), landing)],
+                writes=[acc and ctx.at(acc.name, acc.slot, accumulate=self.micro > 0)],
             )
             return
-        self.io.update(self.order, unit, deps=[d2h], grads=at(grads(unit), landing),
+        self.io.update(self.order, unit, deps=[d2h], grads=ctx.at(grads(unit), landing),
                        release=(landing,))  # fmt: skip
 
     def _streamed_update(self, unit: int) -> None:
         """GPU AdamW of a streamed unit, then its new BF16 weights (and maybe its state) go down."""
         ctx, step = self.ctx, self.step
         adam = ctx.sid(step, unit, "gpu_adam")
-        slot, state = ctx.unit_slot.pop(unit), at(f"L{unit}.state", ctx.opt_slot[unit])
-        w = at(weights(unit), slot)
+        slot, state = ctx.unit_slot.pop(unit), ctx.at(f"L{unit}.state", ctx.opt_slot[unit])
+        w = ctx.at(weights(unit), slot)
         ctx.b.emit(adam, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
-                   deps=[ctx.opt_ready.pop(unit)], reads=[at(grads(unit), slot), state],
+                   deps=[ctx.opt_ready.pop(unit)], reads=[ctx.at(grads(unit), slot), state],
                    writes=[w, state])  # fmt: skip
         down = ctx.sid(step, unit, "w.d2h")
         ctx.b.emit(down, K.W_D2H, "d2h", step=step, unit=unit,
@@ -254,7 +253,7 @@ class _StateTraffic:
         slot = ctx.opt_slot.pop(unit)
         ctx.b.emit(op_id, K.OPT_D2H, "d2h", step=step, unit=unit,
                    work=Work(bytes=_state_bytes(ctx, unit)), deps=[ctx.sid(step, unit, "gpu_adam")],
-                   release=[slot], reads=[at(f"L{unit}.state", slot)],
+                   release=[slot], reads=[ctx.at(f"L{unit}.state", slot)],
                    writes=_host_state(ctx, unit))  # fmt: skip
         ctx.state_ready[unit] = op_id
 
@@ -268,18 +267,18 @@ def _upload(
     nbytes: int,
     after: str | None,
     pool: str,
-    reads: list[Value],
+    reads: list[Value | None],
     what: str = "w",
 ) -> str:
     """An `h2d` copy of `nbytes` from `reads` into a slot of `pool` (as `L{unit}.{what}`) once
     `after` is done; returns the slot."""
     (slot,) = ctx.b.emit(op_id, kind, "h2d", step=step, unit=unit, work=Work(bytes=nbytes),
                          deps=[after], acquire=[pool], reads=reads,
-                         writes=[Taken(f"L{unit}.{what}")])  # fmt: skip
+                         writes=[ctx.taken(f"L{unit}.{what}")])  # fmt: skip
     return slot
 
 
-def _host_state(ctx: Ctx, unit: int) -> list[Value]:
+def _host_state(ctx: Ctx, unit: int) -> list[Value | None]:
     """A streamed unit's FP32 master and moments in pinned RAM."""
     return [ctx.home(R.MASTER, unit, "master"), ctx.home(R.MOMENTS, unit, "moments")]
 
