@@ -43,6 +43,9 @@ KIND_COLOURS = {
     "grad_accum": "#da8bc3",
     "nvme_read": "#ccb974",
     "nvme_write": "#64b5cd",
+    "reduce_scatter": "#2b2b2b",  # the net lane's collectives (data-parallel ranks)
+    "all_gather": "#8c8c8c",
+    "all_reduce": "#5a5a5a",
 }
 TIER_ORDER = ("gpu", "pinned", "cpu", "nvme")
 

@@ -22,7 +22,20 @@ Roofline style, one handler per `OpKind` (a test checks the table covers every k
   simulator takes from the traffic each update actually meets;
 - `cast`: elements / the CPU's FP32 -> BF16 cast rate;
 - `grad_accum`: bytes touched / the CPU's DRAM bandwidth (a streaming add, memory bound);
-- NVMe: bytes / the lane's drive rate (`nvme0` is drive 0, ...).
+- NVMe: bytes / the lane's drive rate (`nvme0` is drive 0, ...);
+- collectives of a data-parallel rank's graph (`slide_ir.data_parallel`) on its `net` lane, when
+  the model is built with `nproc` > 1 ranks on one node: ring algorithms over the GPU-to-GPU
+  link (`machine.peer_bytes_per_s`: NVLink per GPU per direction, else PCIe peer-to-peer). With
+  B = work.bytes (the whole message: every rank's shard), N ranks, link rate bw and a latency
+  `RING_STEP_S` per ring step:
+
+      reduce-scatter, all-gather   (N - 1) x RING_STEP_S + (N - 1) / N x B / bw
+      all-reduce                   2 (N - 1) x RING_STEP_S + 2 (N - 1) / N x B / bw
+
+  The N ranks share one host: its CPU, DRAM and drives run every rank's share of the update at
+  once, so the `cpu` and `nvme` lanes' rates are the host's divided by N, and a host update
+  meets N ranks' DMA traffic (its load N times one rank's, at most full duplex). Multi-node
+  layout graphs price their collectives with `slide_ir.layout_cost.LayoutCosts` instead.
 
 Every rate is multiplied by a named efficiency factor (`Efficiency`) that `slide calibrate` fits
 from measured traces; each op also pays a fixed `launch_s` (kernel launch / copy setup / thread
@@ -38,6 +51,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slide_ir.graph import Op, OpKind, Work
+
+# Latency of one ring step of an intra-node collective (a send to the next rank and its
+# arrival). An estimate, not a measurement: NCCL's small-message collectives on one NVLink node
+# take some microseconds per step; `slide calibrate` does not fit it yet.
+RING_STEP_S = 5e-6
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,6 +93,7 @@ class _Rates:
     lce: float | None  # logits/s of the fused loss
     gpu_adam: float | None  # elements/s of the device AdamW
     link: float
+    peer: float  # GPU-to-GPU bytes/s per direction (collectives)
     adam: Callable[[int, float], float]  # (bytes per element, DMA load 0..1) -> elements/s
     cast: float
     dram: float
@@ -85,15 +104,23 @@ class _Rates:
 class CostModel:
     """(op) -> seconds for one machine. Stateless after construction."""
 
-    __slots__ = ("efficiency", "machine", "rates", "threads")
+    __slots__ = ("efficiency", "machine", "nproc", "rates", "threads")
 
     def __init__(
-        self, machine: Any, *, cpu_threads: int | None = None, efficiency: Efficiency | None = None
+        self,
+        machine: Any,
+        *,
+        cpu_threads: int | None = None,
+        efficiency: Efficiency | None = None,
+        nproc: int = 1,
     ) -> None:
+        if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+            raise ValueError(f"nproc must be a whole number >= 1, got {nproc!r}")
         self.machine = machine
         self.threads = cpu_threads
+        self.nproc = nproc  # data-parallel ranks sharing this machine's host
         self.efficiency = efficiency or Efficiency()
-        self.rates = _resolve(machine, cpu_threads, self.efficiency)
+        self.rates = _resolve(machine, cpu_threads, self.efficiency, nproc)
 
     def seconds(self, op: Op) -> float:
         return self.efficiency.launch_s + HANDLERS[op.kind](self, op)
@@ -104,7 +131,7 @@ class CostModel:
         traffic it met (`simulator.dram`)."""
         if op.kind != OpKind.ADAM:
             return self.seconds(op)
-        return self.efficiency.launch_s + _adam_at(self, op, dma_load)
+        return self.efficiency.launch_s + _adam_at(self, op, min(1.0, dma_load * self.nproc))
 
     def compute_seconds(self, w: Work) -> float:
         """GPU compute: matmul, attention and elementwise kernels, serial."""
@@ -133,18 +160,21 @@ class CostModel:
             "nvme_write_bytes_per_s": list(r.nvme_write),
             "cpu_threads": self.threads,
             "launch_s": self.efficiency.launch_s,
+            # the net lane's rate and the ranks sharing the host (single-GPU traces unchanged)
+            **({"peer_bytes_per_s": r.peer, "nproc": self.nproc} if self.nproc > 1 else {}),
         }
 
 
-def _resolve(machine: Any, threads: int | None, eff: Efficiency) -> _Rates:
+def _resolve(machine: Any, threads: int | None, eff: Efficiency, nproc: int = 1) -> _Rates:
     gpu, link, cpu = machine.gpu, machine.link, machine.cpu
     drives = tuple(getattr(machine, "nvme", ()) or ())
+    share = 1.0 / nproc  # of the host's CPU, DRAM and drives, per rank
 
     def adam(bytes_per_elem: int, dma_load: float = 1.0) -> float:
         rate = cpu.adam_elems_per_s(
             threads=threads, bytes_per_elem=bytes_per_elem, dma_load=dma_load
         )
-        return float(rate) * eff.adam
+        return float(rate) * eff.adam * share
 
     return _Rates(
         flops=gpu.bf16_matmul_tflops * 1e12 * eff.matmul,
@@ -155,11 +185,12 @@ def _resolve(machine: Any, threads: int | None, eff: Efficiency) -> _Rates:
         lce=_scaled(getattr(gpu, "lce_logits_per_s", None), eff.matmul),
         gpu_adam=_scaled(getattr(gpu, "adam_elems_per_s", None), eff.hbm),
         link=link.duplex_bytes_per_s * eff.link,
+        peer=float(getattr(machine, "peer_bytes_per_s", None) or link.duplex_bytes_per_s),
         adam=adam,
-        cast=_cast_rate(cpu, threads) * eff.cast,
-        dram=cpu.dram_bytes_per_s * eff.dram,
-        nvme_read=tuple(d.read_bytes_per_s * eff.nvme for d in drives),
-        nvme_write=tuple(d.write_bytes_per_s * eff.nvme for d in drives),
+        cast=_cast_rate(cpu, threads) * eff.cast * share,
+        dram=cpu.dram_bytes_per_s * eff.dram * share,
+        nvme_read=tuple(d.read_bytes_per_s * eff.nvme * share for d in drives),
+        nvme_write=tuple(d.write_bytes_per_s * eff.nvme * share for d in drives),
     )
 
 
@@ -228,7 +259,22 @@ def _drive(rates: tuple[float, ...], op: Op) -> float:
     return rates[index]
 
 
+def ring_seconds(kind: OpKind, message: int, nproc: int, bytes_per_s: float) -> float:
+    """A ring collective of `message` bytes (every rank's part together) over `nproc` ranks:
+    the formulas in the module docstring. One rank: nothing to exchange, 0."""
+    if nproc == 1 or message == 0:
+        return 0.0
+    rounds = {OpKind.REDUCE_SCATTER: 1, OpKind.ALL_GATHER: 1, OpKind.ALL_REDUCE: 2}[kind]
+    steps = rounds * (nproc - 1)
+    return steps * RING_STEP_S + steps / nproc * message / bytes_per_s
+
+
+_RING = frozenset({OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER, OpKind.ALL_REDUCE})
+
+
 def _collective(cm: CostModel, op: Op) -> float:
+    if cm.nproc > 1 and op.kind in _RING:
+        return ring_seconds(op.kind, op.work.bytes, cm.nproc, cm.rates.peer)
     raise ValueError(
         f"op {op.id}: a {op.kind} needs the links of a cluster; price layout graphs with "
         "slide_ir.layout_cost.LayoutCosts"

@@ -38,8 +38,8 @@ class Figure:
 
 
 # Annotations are strings here (PEP 563): a figure field must be spelled one of these ways.
-_TYPES: dict[object, type] = {"int": int, "float": float, "float | None": float, "str": str,
-                              "bool": bool}  # fmt: skip
+_TYPES: dict[object, type] = {"int": int, "int | None": int, "float": float, "float | None": float,
+                              "str": str, "bool": bool}  # fmt: skip
 
 
 def _key_scale(f: Field[Any]) -> tuple[str, int]:
@@ -93,6 +93,10 @@ class Gpu:
     elementwise_bytes_per_s: float | None = _toml("elementwise_gb_per_s", G, default=None)
     # the executor's fused AdamW on the device (BF16 grads and weights, FP32 master + moments)
     adam_elems_per_s: float | None = _toml("adam_gelems_per_s", G, default=None)
+    # GPU-to-GPU link inside one node (NVLink through NVSwitch), per GPU, each direction, as
+    # NCCL's ring collectives reach it (None: no such link, peers talk over PCIe; see
+    # `Machine.peer_bytes_per_s`)
+    nvlink_bytes_per_s: float | None = _toml("nvlink_gb_per_s", G, default=None)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -196,6 +200,9 @@ class Machine:
     ram_bytes: int = _toml("ram_gib", GIB)  # usable DRAM
     nvme: tuple[Nvme, ...] = ()
     price_usd: float | None = _toml("price_usd", 1, default=None)
+    # GPUs of this model in the node, for data-parallel plans (None: not stated; a plan may
+    # then ask for up to 8, one node's usual count)
+    gpus: int | None = _toml("gpus", 1, default=None)
     sources: tuple[tuple[str, str], ...] = ()  # sorted (key, source) pairs
 
     def __post_init__(self) -> None:
@@ -207,6 +214,12 @@ class Machine:
             raise ValueError("Machine.nvme must be a tuple of Nvme")
         if isinstance(self.sources, Mapping):  # accept a mapping, store it as sorted pairs
             object.__setattr__(self, "sources", freeze_sources(self.sources))
+
+    @property
+    def peer_bytes_per_s(self) -> float:
+        """GPU-to-GPU rate per GPU, each direction: NVLink where the GPU has it, else PCIe
+        peer-to-peer at the host link's duplex rate (a ring sends and receives at once)."""
+        return self.gpu.nvlink_bytes_per_s or self.link.duplex_bytes_per_s
 
     def source(self, key: str) -> str:
         """Where a figure came from, e.g. `source("cpu.dram_bytes_per_s")`."""

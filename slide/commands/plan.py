@@ -10,8 +10,11 @@ import argparse
 import json
 
 from slide.commands.common import add_model_machine, add_train_config, load_inputs, train_config
+from slide.errors import UserError
 from slide.fileio import write_atomic
 from slide.report import plan_summary, render_plan
+from slide.report_dp import dp_plan_summary, render_dp_plan
+from slide_ir.data_parallel import plan_data_parallel
 from slide_ir.planner import plan, plan_to_json
 
 NAME = "plan"
@@ -26,11 +29,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EXIT_CODES
     add_model_machine(parser)
     add_train_config(parser)
+    add_nproc(parser)
     parser.add_argument("--out", help="write the plan (inputs + graph) as JSON to this file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def add_nproc(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="data-parallel ranks (GPUs of one node, 1 to 8): --batch is then the global batch, "
+        "each rank taking batch / nproc, and the optimizer state is sharded over the ranks [1]",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.nproc != 1:
+        return _run_data_parallel(args)
     model, machine = load_inputs(args)
     p = plan(model, machine, train_config(args))
     if args.out:
@@ -42,3 +58,12 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             print(f"plan written to {args.out}")
     return 0 if p.feasible else 1
+
+
+def _run_data_parallel(args: argparse.Namespace) -> int:
+    if args.out:
+        raise UserError("--out saves single-GPU plans only: drop --out, or --nproc")
+    model, machine = load_inputs(args)
+    dp = plan_data_parallel(model, machine, train_config(args), args.nproc)
+    print(json.dumps(dp_plan_summary(dp), indent=2) if args.json else render_dp_plan(dp))
+    return 0 if dp.feasible else 1

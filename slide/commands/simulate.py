@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from simulator.data_parallel import DataParallelResult, simulate_data_parallel
 from simulator.run import SimResult, simulate_plan
 from slide.commands.common import add_model_machine, add_train_config, load_inputs, train_config
+from slide.commands.plan import add_nproc
 from slide.fileio import write_atomic
 from slide.report import render_placement, render_plan
+from slide.report_dp import render_dp_plan, render_dp_result
 from slide_ir.trace import to_chrome_trace
 
 NAME = "simulate"
@@ -29,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EXIT_CODES
     add_model_machine(parser)
     add_train_config(parser)
+    add_nproc(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the run")
     parser.add_argument(
@@ -43,11 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     model, machine = load_inputs(args)
     zoom = _zoom(args.gantt_zoom)
-    result = simulate_plan(model, machine, train_config(args))
+    result: SimResult | DataParallelResult
+    if args.nproc != 1:
+        result = simulate_data_parallel(model, machine, train_config(args), args.nproc)
+    else:
+        result = simulate_plan(model, machine, train_config(args))
     if result.trace is not None:
         _write_outputs(args, result, zoom)
     if args.json:
         print(json.dumps(result.summary(), indent=2))
+    elif isinstance(result, DataParallelResult):
+        print(render_dp_result(result) if result.feasible else render_dp_plan(result.dp))
     elif result.feasible:
         print(render_result(result))
     else:
@@ -73,7 +83,9 @@ def _zoom(text: str) -> str | int:
         ) from None
 
 
-def _write_outputs(args: argparse.Namespace, result: SimResult, zoom: str | int) -> None:
+def _write_outputs(
+    args: argparse.Namespace, result: SimResult | DataParallelResult, zoom: str | int
+) -> None:
     assert result.trace is not None
     if args.trace:
         write_atomic(args.trace, json.dumps(to_chrome_trace(result.trace)))
