@@ -34,8 +34,8 @@ log = logging.getLogger("executor.buffers")
 
 R = PoolRole
 # roles of pools that are not buffers of the run: accounting only (context, runtime, DeepSpeed's
-# staging, the final state's host copy), torch's workspaces, NVMe regions (files)
-NOT_ALLOCATED = frozenset({R.ACCOUNTING, R.WORKSPACE, R.NVME_HIDDEN, R.NVME_STATE})
+# staging, the final state's host copy), torch's workspaces and kept tapes, NVMe regions (files)
+NOT_ALLOCATED = frozenset({R.ACCOUNTING, R.WORKSPACE, R.TAPE, R.NVME_HIDDEN, R.NVME_STATE})
 # roles whose pools hold units side by side or one per slot: an op's value there is the unit's
 UNIT_KEYS = {R.HOST_WEIGHTS: "bf16", R.MASTER: "master", R.MOMENTS: "moments",
              R.GRAD_ACCUM: "accum", R.GRAD_LANDING: "landing", R.RESIDENT: "gpu",
@@ -345,6 +345,7 @@ class _Allocator:
 ALLOCATORS: dict[PoolRole, Callable[[_Allocator, Pool], None]] = {
     R.ACCOUNTING: _Allocator.skip,
     R.WORKSPACE: _Allocator.skip,
+    R.TAPE: _Allocator.skip,
     R.TOKENS: _Allocator.tokens,
     R.HIDDEN: _Allocator.hidden,
     R.HIDDEN_GRAD: _Allocator.hidden,

@@ -3,7 +3,7 @@
 They run inside the lane's stream context (CUDA) or synchronously (CPU mode) and take their
 operands from the op's values, in the order `OpKind` documents for the kind:
 
-    FWD        reads (weights, input x)          writes (output x)
+    FWD        reads (weights, input x)          writes (output x[, tape])
     FWD (0)    reads (weights)                   writes (output x, tokens)
     RECOMPUTE  reads (weights, input x)          writes (tape)
     BWD        reads (weights, tape, output dx)  writes (grads, input dx)
@@ -25,6 +25,7 @@ import torch
 from executor import adam, layers
 from executor.buffers import GpuUnit
 from executor.env import Env, LaneState
+from executor.tape import Tape
 from slide_ir.graph import Op, Value
 
 
@@ -57,20 +58,36 @@ def fwd(env: Env, lane: LaneState, op: Op) -> None:
             tokens.labels.copy_(batch.labels, non_blocking=True)
             tokens.scale = batch.scale
             layers.embed(tokens.ids, views["embed.w"], out)
+        elif len(op.writes) > 1:
+            _fwd_taped(env, lane, op, unit, out)
         else:
             x = env.buffers.of(op.reads[1], u)
             layers.decoder_layer(x, views, env.spec, env.rope, out=out)
+
+
+def _fwd_taped(env: Env, lane: LaneState, op: Op, unit: GpuUnit, out: torch.Tensor) -> None:
+    """A forward that keeps its tape for `bwd` (written as the op's second value): the
+    recompute's work, done once; the output is copied into its slot."""
+    u = op.unit
+    tape = Tape(weights=unit.w)
+    tape.x = env.buffers.of(op.reads[1], u).detach().clone().requires_grad_()
+    tape.leaves = _leaves(env.layouts[u].views(unit.w))
+    with torch.enable_grad(), tape.hooks():
+        tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, env.rope)
+    out.copy_(tape.out.detach())
+    lane.tapes[op.writes[1].name] = tape
 
 
 def recompute(env: Env, lane: LaneState, op: Op) -> None:
     """The layer's forward again from its saved input, keeping the autograd tape for `bwd`."""
     u = op.unit
     unit = env.buffers.unit_at(op.reads[0], u)
-    x = env.buffers.of(op.reads[1], u).detach().requires_grad_()
-    leaves = _leaves(env.layouts[u].views(unit.w))
+    tape = Tape(weights=unit.w)
+    tape.x = env.buffers.of(op.reads[1], u).detach().requires_grad_()
+    tape.leaves = _leaves(env.layouts[u].views(unit.w))
     with torch.enable_grad():
-        out = layers.decoder_layer(x, leaves, env.spec, env.rope)
-    lane.tapes[op.writes[0].name] = (out, x, leaves)
+        tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, env.rope)
+    lane.tapes[op.writes[0].name] = tape
 
 
 def bwd(env: Env, lane: LaneState, op: Op) -> None:
@@ -82,12 +99,14 @@ def bwd(env: Env, lane: LaneState, op: Op) -> None:
         g = env.layouts[0].views(unit.g)["embed.w"]
         layers.embed_backward(ids, grad_out, g, accumulate=True)
         return
-    tape = op.reads[1].name
-    assert tape in lane.tapes, f"{op.id}: no recompute wrote {tape}"
-    out, x, leaves = lane.tapes.pop(tape)
-    x.grad = env.buffers.of(op.writes[1], u).zero_()
-    _point_grads(leaves, env.layouts[u].views(unit.g))
-    torch.autograd.backward(out, grad_out, inputs=[x, *leaves.values()])
+    name = op.reads[1].name
+    assert name in lane.tapes, f"{op.id}: no forward or recompute wrote {name}"
+    tape = lane.tapes.pop(name)
+    assert tape.out is not None and tape.x is not None
+    tape.weights = env.buffers.unit_at(op.reads[0], u).w  # where a kept tape's weights are now
+    tape.x.grad = env.buffers.of(op.writes[1], u).zero_()
+    _point_grads(tape.leaves, env.layouts[u].views(unit.g))
+    torch.autograd.backward(tape.out, grad_out, inputs=[tape.x, *tape.leaves.values()])
 
 
 def _lm_leaf(env: Env, op: Op, head: GpuUnit) -> torch.Tensor:

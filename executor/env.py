@@ -21,6 +21,7 @@ from executor.completion import Aborted
 from executor.layers import Rope
 from executor.layout import UnitLayout
 from executor.nvme import NvmeStore, StripeFormat
+from executor.tape import Tape
 from slide_ir.graph import PoolRole, Value
 from slide_ir.model import ModelSpec
 
@@ -121,6 +122,6 @@ class Env:
 class LaneState:
     lane: str
     stream: Any = None  # torch.cuda.Stream on CUDA, None in CPU mode and on host lanes
-    # recompute -> backward: tape value name -> (output, input leaf, parameter leaves)
-    tapes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # recompute or kept forward -> backward: tape value name -> its `Tape`
+    tapes: dict[str, Tape] = field(default_factory=dict)
     scratch: HostScratch | None = None

@@ -38,6 +38,7 @@ def plan_summary(p: Plan) -> dict[str, Any]:
         "suggestions": advice(p) if not led.feasible else [],
         "resident_units": list(led.resident),
         "streamed_units": list(led.streamed),
+        "kept_tapes": p.config.kept_tapes,
         "placement": p.choice.summary(p.model) if p.choice else None,
         "baselines": baselines(p),
         "graph": {
@@ -123,7 +124,8 @@ def render_plan(p: Plan) -> str:
         f"= {c.tokens_per_step:,} tokens/step; activations on {c.activations}, "
         f"optimizer on {c.optimizer}"
         + (f", resident units {len(led.resident)}" if led.resident else "")
-        + (f", streamed updates {len(led.streamed)}" if led.streamed else ""),
+        + (f", streamed updates {len(led.streamed)}" if led.streamed else "")
+        + (f", kept tapes {c.kept_tapes}" if c.kept_tapes else ""),
         *render_placement(p),
         "",
     ]

@@ -92,6 +92,10 @@ class TrainConfig:
     # sliding units whose AdamW runs on the GPU, their FP32 master and moments streamed over the
     # link (up before the unit's backward, down after): a count, or "auto". See `streamed_units`.
     streamed: int | str = "auto"
+    # decoder layers whose forward keeps its autograd tape on the GPU for the backward (no
+    # recompute, no saved input): the top ones, last forwarded and first backwarded. A count, or
+    # "auto" (chosen by the placement search; 0 where nothing is searched)
+    keep_activations: int | str = "auto"
     lce_chunk_tokens: int | None = None  # None: chosen from `lce_budget_bytes`
     lce_budget_bytes: int = 1 << 29  # a chunk's bf16 logits: 2048 tokens at vocab 128256
     cpu_threads: int | None = None  # optimizer threads; None: every core
@@ -128,7 +132,7 @@ class TrainConfig:
             raise ValueError(
                 f"act_buffers must be >= 3 (input, output, one in flight), got {self.act_buffers}"
             )
-        for name in ("resident", "streamed"):
+        for name in ("resident", "streamed", "keep_activations"):
             _count_or_auto(name, getattr(self, name))
         plain = (self.schedule, self.optimizer, self.grad_accum) == ("sliding", "cpu", 1)
         if isinstance(self.streamed, int) and self.streamed > 0 and not plain:
@@ -157,6 +161,11 @@ class TrainConfig:
     def cache_depth(self) -> int:
         """GPU cache units: the count asked for, DEFAULT_CACHE_UNITS for an unresolved "auto"."""
         return DEFAULT_CACHE_UNITS if self.cache_units == "auto" else int(self.cache_units)
+
+    @property
+    def kept_tapes(self) -> int:
+        """Decoder layers whose tape the forward keeps: the count asked for, 0 for "auto"."""
+        return 0 if self.keep_activations == "auto" else int(self.keep_activations)
 
     @property
     def moment_bytes(self) -> int:

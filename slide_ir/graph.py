@@ -80,6 +80,7 @@ class PoolRole(StrEnum):
 
     ACCOUNTING = "accounting"  # counted, never allocated by Slide: CUDA context, process, hand-back
     WORKSPACE = "workspace"  # compute scratch torch allocates; a recompute's tape lives there
+    TAPE = "tape"  # autograd tapes a forward keeps for its backward; torch allocates them
     TOKENS = "tokens"  # the current micro-batch's token ids and labels on the GPU
     HIDDEN = "hidden"  # layer inputs (B x S x H) on the GPU
     HIDDEN_GRAD = "hidden_grad"  # gradients w.r.t. hidden states on the GPU

@@ -262,12 +262,16 @@ def lce_chunk_tokens(model: ModelSpec, config: TrainConfig) -> int:
 
 
 def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
-    """Checkpointed layer inputs: all on the GPU, or a GPU window plus a CPU/NVMe home."""
-    b, s, h, n = config.batch, config.seq, model.hidden_size, model.num_layers
+    """Checkpointed layer inputs: all on the GPU, or a GPU window plus a CPU/NVMe home. The
+    layers whose forward keeps its tape save no input: n - kept of them are saved (on the GPU,
+    the input and output of a kept layer's forward besides)."""
+    b, s, h = config.batch, config.seq, model.hidden_size
+    n = model.num_layers - config.kept_tapes
     hidden = b * s * h * BF16
     what = f"b{b} x s{s} x h{h} x 2 B"
     if config.activations == "gpu":
-        terms.add("gpu_acts", Tier.GPU, n + 1, hidden, "saved layer inputs", f"{n + 1} x {what}",
+        k = n + 1 + min(config.kept_tapes, 1)
+        terms.add("gpu_acts", Tier.GPU, k, hidden, "saved layer inputs", f"{k} x {what}",
                   role=R.HIDDEN)  # fmt: skip
         return
     terms.add(
@@ -384,6 +388,7 @@ def _sliding_terms(
     sliding = [u for u in resident_preference(model) if u not in resident]
     sliding_layers = [u for u in sliding if 1 <= u <= n]
     host_updated = [u for u in sliding if u not in streamed]
+    _tape_terms(terms, model, config)
     p = model.layer_params
     units = min(config.cache_depth, len(sliding_layers))
     terms.add(
@@ -464,6 +469,19 @@ def _sliding_terms(
     _optimizer_terms(terms, model, config, host_updated, drives)
     _optimizer_terms(terms, model, config, list(streamed), drives, pinned=True)
     _host_terms(terms)
+
+
+def _tape_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+    """The tapes of the top `kept_tapes` decoder layers, each alive from its forward to its
+    backward (`ModelSpec.layer_tape_bytes`)."""
+    k = config.kept_tapes
+    if not k:
+        return
+    b, s = config.batch, config.seq
+    tape = model.layer_tape_bytes(b, s)
+    terms.add("gpu_tapes", Tier.GPU, k, tape, "kept layer tapes (no recompute)",
+              f"{k} x one layer's input + saved tensors at b{b} s{s} = {tape / 1e9:.2f} GB",
+              role=R.TAPE)  # fmt: skip
 
 
 def _grad_accum_terms(

@@ -294,6 +294,12 @@ class ModelSpec:
             terms["qk_norm"] = t * (self.q_dim + self.kv_dim) * _BF16 + t * kv_rows * _FP32
         return terms
 
+    def layer_tape_bytes(self, batch: int, seq: int) -> int:
+        """What a layer's forward keeps for its backward when it records its own tape (no
+        recompute): the saved tensors of `layer_saved_terms` (its output included) plus a copy
+        of its input, which the first RMSNorm saves (the input's slot is reused meanwhile)."""
+        return self.layer_input_bytes(batch, seq) + sum(self.layer_saved_terms(batch, seq).values())
+
     def layer_transient_bytes(self, batch: int, seq: int) -> int:
         """Peak activation bytes inside one layer during recompute + backward, bf16.
 

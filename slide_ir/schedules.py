@@ -3,6 +3,8 @@
 Units ("unit" in op ids): 0 embedding, 1..n decoder layers, n+1 head. Every schedule uses
 sliding activation checkpointing: each decoder layer's input is saved (kept on the GPU, or copied
 to pinned CPU memory, or on to NVMe), brought back ahead of the backward, and the layer recomputed.
+Except the `taped` layers (the top ones, `TrainConfig.keep_activations`): their forward records
+`s1.L3.tape` into a `gpu_tapes` slot and frees its input, and their backward reads that tape.
 Schedules differ in where weights come from and where gradients go; they plug in through the
 `before_*` / `after_bwd` hooks. Every op names the values it reads and writes (`slide_ir.values`):
 the forward passes `s1.L3.x` from slot to slot, the recompute leaves `s1.L3.tape` in the
@@ -44,6 +46,8 @@ class Ctx:
     resident: frozenset[int] = frozenset()
     streamed: frozenset[int] = frozenset()  # sliding units whose AdamW runs on the GPU
     kept: frozenset[int] = frozenset()  # units the forward leaves on the GPU for the backward
+    taped: frozenset[int] = frozenset()  # layers whose forward keeps its tape (no recompute)
+    tape_slot: dict[int, str] = field(default_factory=dict)  # taped layer -> its tape's slot
     last_update: dict[int, str] = field(default_factory=dict)  # unit -> its latest update op
     weights_ready: dict[int, str] = field(default_factory=dict)  # unit -> op that uploaded it
     unit_slot: dict[int, str] = field(default_factory=dict)  # unit -> GPU slot it occupies
@@ -163,7 +167,8 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
     for i in range(1, n + 1):
         before_layer(i)
         done_with_unit = i not in ctx.kept and i in ctx.unit_slot
-        (out,) = b.emit(
+        taped = i in ctx.taped
+        slots = b.emit(
             oid(i, "fwd"),
             K.FWD,
             "gpu",
@@ -171,16 +176,20 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
             unit=i,
             work=layer_work(m, c, backward=False),
             deps=[ctx.weights_ready.get(i)],
-            acquire=["gpu_acts"],
+            acquire=["gpu_acts", "gpu_tapes"] if taped else ["gpu_acts"],
             scratch=["gpu_workspace"],
-            release=[ctx.unit_slot[i] if done_with_unit else None],
+            release=[ctx.unit_slot[i] if done_with_unit else None,
+                     ctx.act_gpu[i] if taped else None],
             reads=[ctx.weights_read(i), ctx.at(oid(i, "x"), ctx.act_gpu[i])],
-            writes=[ctx.taken(oid(i + 1, "x"))],
-        )
+            writes=[ctx.taken(oid(i + 1, "x")), ctx.taken(oid(i, "tape"), 1) if taped else None],
+        )  # fmt: skip
         if done_with_unit:
             del ctx.unit_slot[i]
-        ctx.act_gpu[i + 1], ctx.act_ready[i + 1] = out, oid(i, "fwd")
-        if c.activations != "gpu":
+        ctx.act_gpu[i + 1], ctx.act_ready[i + 1] = slots[0], oid(i, "fwd")
+        if taped:
+            ctx.tape_slot[i] = slots[1]
+            del ctx.act_gpu[i], ctx.act_ready[i]
+        elif c.activations != "gpu":
             _save_activation(ctx, step, micro, i)
     before_layer(n + 1)
     head, tied = n + 1, m.tied_embeddings
@@ -216,6 +225,10 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
 
     for j in range(ctx.n, 0, -1):
         before_layer(j)
+        if j in ctx.taped:
+            _taped_backward(ctx, step, micro, j)
+            after_bwd(j)
+            continue
         (ctx.workspace,) = b.emit(
             oid(j, "recompute"),
             K.RECOMPUTE,
@@ -249,6 +262,26 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
                                    ctx.at(oid(1, "dx"), dx_in)],
            writes=[ctx.grads_write(0, micro)])  # fmt: skip
     after_bwd(0)
+
+
+def _taped_backward(ctx: Ctx, step: int, micro: int, j: int) -> None:
+    """The backward of a layer whose forward kept its tape: no recompute, no saved input."""
+    dx_in, tape = ctx.hidden_grad.pop(j + 1), ctx.tape_slot.pop(j)
+    (ctx.hidden_grad[j],) = ctx.b.emit(
+        ctx.oid(step, micro, j, "bwd"),
+        K.BWD,
+        "gpu",
+        step=step,
+        unit=j,
+        work=layer_work(ctx.model, ctx.config, backward=True),
+        deps=[ctx.weights_ready.get(j)],
+        acquire=["gpu_hidden_grads"],
+        scratch=["gpu_workspace"],
+        release=[tape, dx_in],
+        reads=[ctx.weights_read(j), ctx.at(ctx.hidden(step, micro, j, "tape"), tape),
+               ctx.at(ctx.hidden(step, micro, j + 1, "dx"), dx_in)],
+        writes=[ctx.grads_write(j, micro), ctx.taken(ctx.hidden(step, micro, j, "dx"))],
+    )  # fmt: skip
 
 
 def layer_work(model: ModelSpec, config: TrainConfig, *, backward: bool) -> Work:
@@ -307,6 +340,8 @@ def read_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
     """NVMe -> pinned staging, one step ahead of the load to the GPU."""
     if ctx.config.activations != "nvme" or not 1 <= j <= ctx.n or j in ctx.act_gpu:
         return
+    if j in ctx.taped:
+        return
     if not ctx.act_home_op[j].endswith("act.write"):
         return  # already read
     op_id = ctx.oid(step, micro, j, "act.read")
@@ -329,6 +364,8 @@ def read_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
 def load_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
     """Bring layer j's saved input back to the GPU (no-op when it never left or is back)."""
     if ctx.config.activations == "gpu" or not 1 <= j <= ctx.n or j in ctx.act_gpu:
+        return
+    if j in ctx.taped:
         return
     read_activation(ctx, step, micro, j)
     op_id = ctx.oid(step, micro, j, "act.load")

@@ -41,6 +41,7 @@ def emit_sliding(ctx: Ctx) -> None:
     ahead = max(min(c.cache_depth, len(layers)) - 1, 0)
     ctx.kept = frozenset(layers[len(layers) - ahead :]) if ahead else frozenset()
     ctx.persistent_grads = ctx.resident
+    ctx.taped = frozenset(range(n - c.kept_tapes + 1, n + 1))
     for step in range(1, c.steps + 1):
         io = OptimizerIo(ctx, step)
         order = [u for u in (n + 1, *range(n, 0, -1), 0) if u not in ctx.resident]

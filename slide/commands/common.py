@@ -105,6 +105,13 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         help="sliding units updated on the GPU, their FP32 state streamed over the link: a "
         "count or 'auto' (chosen by --placement) [auto]",
     )
+    parser.add_argument(
+        "--keep-activations",
+        default="auto",
+        help="top decoder layers whose forward keeps its autograd tape on the GPU for the "
+        "backward instead of recomputing it: a count or 'auto' (chosen by --placement; "
+        "--placement small keeps none) [auto]",
+    )
     parser.add_argument("--cpu-threads", type=int, help="optimizer threads [all cores]")
     parser.add_argument("--clip", choices=CLIP_MODES, default="none",
                         help="gradient clipping: per-unit clips each layer's gradient by its own "
@@ -171,6 +178,7 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "cache_units": parse_cache_units(args.cache_units),
         "resident": parse_count_or_auto("resident", args.resident),
         "streamed": parse_count_or_auto("streamed", args.streamed),
+        "keep_activations": parse_count_or_auto("keep_activations", args.keep_activations),
         "cpu_threads": args.cpu_threads,
         "placement": args.placement,
         "gpu_memory_gb": args.gpu_memory_gb,

@@ -68,8 +68,17 @@ def _ours(config: dict, on_step=None):  # type: ignore[no-untyped-def]
         {"resident": 3, "activations": "gpu"},
         {"streamed": 3},
         {"streamed": 4, "activations": "gpu"},
+        {"keep_activations": 3, "cache_units": 2},  # layer 4's slot reused before its backward
+        {"keep_activations": 6, "resident": 2, "streamed": 1},
     ],
-    ids=["sliding", "resident", "streamed", "streamed-inputs-on-device"],
+    ids=[
+        "sliding",
+        "resident",
+        "streamed",
+        "streamed-inputs-on-device",
+        "kept-tapes",
+        "kept-tapes-mixed",
+    ],
 )
 def test_bf16_run_within_bf16_noise_of_plain_pytorch(config: dict) -> None:
     init = state_dict_fp32(hf_model(CONFIG))

@@ -82,10 +82,11 @@ def test_plan_says_what_the_placement_search_chose_and_the_runner_up(capsys):
     assert time.perf_counter() - start < 2.0  # interactive, search included
     assert code == 0
     lines = out.splitlines()
-    assert lines[2].startswith(
-        "placement: 23 resident, 0 streamed, 11 sliding units; inputs on cpu"
+    assert lines[2] == (
+        "placement: 25 resident, 0 streamed, 9 sliding units; inputs on cpu, 3 cache units; "
+        "16 kept tapes"
     )
-    assert "placements that fit: 1.623 s/step predicted (10,096 tokens/s)" in lines[3]
+    assert "placements that fit: 1.444 s/step predicted (11,343 tokens/s)" in lines[3]
     assert lines[4].startswith("  runner-up: ") and " s/step (+" in lines[4]
     assert "the default before): 0 resident, 22 streamed" in lines[5] and "2.089 s/step" in lines[5]
     code, out, _ = run(capsys, *argv, "--placement", "small")
@@ -95,7 +96,7 @@ def test_plan_says_what_the_placement_search_chose_and_the_runner_up(capsys):
     )
     assert "(--placement small: the smallest footprint)" in out
     code, out, _ = run(capsys, *argv, "--resident", "4", "--streamed", "2", "--activations",
-                       "cpu", "--cache-units", "3")  # fmt: skip
+                       "cpu", "--cache-units", "3", "--keep-activations", "0")  # fmt: skip
     assert "placement: 4 resident, 2 streamed, 28 sliding units" in out and "(as given" in out
 
 

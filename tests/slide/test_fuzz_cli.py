@@ -59,7 +59,8 @@ numbers = st.one_of(
 )
 flags = st.sampled_from(
     ["--steps", "--batch", "--seq", "--save-every", "--keep", "--lr", "--grad-accum", "--betas",
-     "--eps", "--cache-units", "--resident", "--streamed", "--clip-norm", "--warmup-steps"]
+     "--eps", "--cache-units", "--resident", "--streamed", "--keep-activations", "--clip-norm",
+     "--warmup-steps"]
 )  # fmt: skip
 
 

@@ -24,6 +24,13 @@ from slide_ir.planner import build_graph, plan, plan_from_json, plan_to_json
 from slide_ir.timeline import predict_step_s
 
 MACHINES = ("h200-16c-128g", "paper-pc-4090", "paper-server-a100")
+# every other free choice pinned: streamed units, inputs, cache depth, kept tapes
+EVERYTHING_BUT_RESIDENT = {
+    "streamed": 0,
+    "activations": "cpu",
+    "cache_units": 3,
+    "keep_activations": 0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +102,25 @@ def test_the_search_is_close_to_every_placement_without_streaming(machine, model
     assert chosen <= 1.01 * best
 
 
+def test_kept_tapes_are_searched_with_the_resident_units_beside_them(pc):
+    """Exhaustive over kept tapes x resident counts at the chosen inputs and depth: the
+    search's choice is the best of them (llama-3.2-3b on the RTX 4090: a few tapes)."""
+    spec = load_model("llama-3.2-3b")
+    config = TrainConfig(batch=16, seq=1024)
+    p = plan(spec, pc, config)
+    assert 0 < p.config.keep_activations < spec.num_layers
+    assert p.graph.pool("gpu_tapes").slots == p.config.keep_activations
+    search, chosen = _search(spec, pc, config), p.choice.chosen
+    best = min(
+        search.time(replace(chosen, kept=k, resident=r)).step_s
+        for k in range(spec.num_layers + 1)
+        for r in search.resident_counts(replace(chosen, kept=k, resident=0))
+    )
+    assert p.choice.predicted_step_s <= best * (1 + 1e-9)
+    small = plan(spec, pc, replace(config, placement="small"))
+    assert small.config.keep_activations == 0
+
+
 def test_a_gpu_bound_batch_keeps_fewer_units_resident(h200):
     """A resident unit's update runs on the compute lane: once the GPU bounds the step (3B at
     batch 64), fewer resident units are faster than all that fit."""
@@ -125,9 +151,7 @@ def test_resident_units_give_host_layers_a_landing_buffer_each(h200):
     on the GPU the backward must run ahead of the CPU through them, one buffer each (8B at
     batch 16 with 23 resident units: 1.62 s per step against 2.10 s with the ring of 3)."""
     model = load_model("llama-3.1-8b")
-    config = TrainConfig(
-        batch=16, seq=1024, resident=23, streamed=0, activations="cpu", cache_units=3
-    )
+    config = TrainConfig(batch=16, seq=1024, resident=23, **EVERYTHING_BUT_RESIDENT)
     p = plan(model, h200, config)
     assert p.graph.pool("pinned_grads_layers").slots == 32 - 22  # layers 23..32 slide
     ring = plan(model, h200, replace(config, grad_buffers=3))
@@ -164,9 +188,7 @@ def test_placement_small_is_everything_sliding_with_inputs_on_the_host(h200):
     assert p.choice.how == "small"
     assert (p.ledger.resident, p.ledger.streamed) == ((), ())
     assert (p.config.activations, p.config.cache_units) == ("cpu", 3)
-    pinned = TrainConfig(
-        batch=16, seq=1024, resident=0, streamed=0, activations="cpu", cache_units=3
-    )
+    pinned = TrainConfig(batch=16, seq=1024, resident=0, **EVERYTHING_BUT_RESIDENT)
     assert plan(model, h200, pinned).graph == p.graph
     fast = plan(model, h200, TrainConfig(batch=16, seq=1024))
     assert p.ledger.peak_bytes("gpu") < fast.ledger.peak_bytes("gpu")
@@ -182,7 +204,13 @@ def test_pinned_values_are_kept_and_the_rest_searched(h200):
     assert len(p.ledger.streamed) == 3 and p.config.cache_units == 4
     assert p.ledger.streamed == resident_preference(model)[len(p.ledger.resident) :][:3]
     everything = TrainConfig(
-        batch=16, seq=1024, resident=2, streamed=1, activations="cpu", cache_units=3
+        batch=16,
+        seq=1024,
+        resident=2,
+        streamed=1,
+        activations="cpu",
+        cache_units=3,
+        keep_activations=0,
     )
     assert plan(model, h200, everything).choice.how == "pinned"
 

@@ -58,7 +58,13 @@ def test_state_uploads_are_spread_over_the_backward(h200, activations):
     are still in backward, and each is queued before its own unit's recompute."""
     model = load_model("llama-3.2-3b")
     config = TrainConfig(
-        batch=16, seq=1024, steps=2, streamed=14, activations=activations, resident=0
+        batch=16,
+        seq=1024,
+        steps=2,
+        streamed=14,
+        activations=activations,
+        resident=0,
+        keep_activations=0,
     )
     p = plan(model, h200, config)
     ids = [op.id for op in p.graph.ops]
