@@ -107,10 +107,10 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
     )
     parser.add_argument(
         "--keep-activations",
-        default="auto",
+        default="0",
         help="top decoder layers whose forward keeps its autograd tape on the GPU for the "
         "backward instead of recomputing it: a count or 'auto' (chosen by --placement; "
-        "--placement small keeps none) [auto]",
+        "--placement small keeps none; not yet run on a GPU, so not the default) [0]",
     )
     parser.add_argument("--cpu-threads", type=int, help="optimizer threads [all cores]")
     parser.add_argument("--clip", choices=CLIP_MODES, default="none",

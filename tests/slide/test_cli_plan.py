@@ -76,7 +76,8 @@ def test_plan_human_output_is_fast_and_names_terms(capsys):
 
 
 def test_plan_says_what_the_placement_search_chose_and_the_runner_up(capsys):
-    argv = ("plan", "--model", "llama-3.1-8b", "--machine", "h200-16c-128g")
+    argv = ("plan", "--model", "llama-3.1-8b", "--machine", "h200-16c-128g",
+            "--keep-activations", "auto")  # fmt: skip
     start = time.perf_counter()
     code, out, _ = run(capsys, *argv)
     assert time.perf_counter() - start < 2.0  # interactive, search included

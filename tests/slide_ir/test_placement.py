@@ -106,7 +106,7 @@ def test_kept_tapes_are_searched_with_the_resident_units_beside_them(pc):
     """Exhaustive over kept tapes x resident counts at the chosen inputs and depth: the
     search's choice is the best of them (llama-3.2-3b on the RTX 4090: a few tapes)."""
     spec = load_model("llama-3.2-3b")
-    config = TrainConfig(batch=16, seq=1024)
+    config = TrainConfig(batch=16, seq=1024, keep_activations="auto")
     p = plan(spec, pc, config)
     assert 0 < p.config.keep_activations < spec.num_layers
     assert p.graph.pool("gpu_tapes").slots == p.config.keep_activations
