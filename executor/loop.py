@@ -129,6 +129,8 @@ class Driver:
         self.start_step, self.on_step, self.saver = start_step, on_step, saver
         self.cpu_threads = cpu_threads
         recorder = Recorder(run.env.cuda, window)
+        self.window = window
+        self.trace_info = p.graph.info  # the graph the trace window's spans ran
         self.progress = Progress(
             recorder=recorder,
             memory=MemoryLog(window, run.memory_at_start(recorder.t0)),
@@ -168,6 +170,8 @@ class Driver:
                         shared = None
                         self.p, self.run_ = swap
                         env, graph = self.run_.env, self.p.graph
+                        if pr.done < self.window.first:
+                            self.trace_info = graph.info
                         lanes = Lanes(env, graph.lanes(), self.cpu_threads)
         except BaseException:
             lanes.stop(shared, abort=True)  # a lane's error, if any, wins

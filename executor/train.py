@@ -217,7 +217,7 @@ def _result(
 ) -> TrainResult:
     phases.mark("lanes")
     pr = driver.run()
-    p, run = driver.p, driver.run_  # the plan that ran last (re-planning may have moved it)
+    run = driver.run_  # the engine that ran last (re-planning may have moved the state)
     if "first step end" in phases.marks:
         phases.add("steps", phases.since("first step end"))
     if host_adam.ready_s is not None:
@@ -234,7 +234,7 @@ def _result(
     trace = Trace(
         spans=pr.recorder.window_spans(),
         memory=pr.memory.all(),
-        info=p.graph.info,
+        info=driver.trace_info,
         meta=run.meta(knobs_mod.from_env()),
     )
     return TrainResult(

@@ -21,6 +21,8 @@ def test_a_slow_cpu_lane_moves_units_to_the_gpu(monkeypatch):
     assert replan["best_step_s"] <= (1 - refit.MIN_GAIN) * replan["running_step_s"]
     planned_from_start = run_executor(False, placement="fast")
     assert len(result.meta["resident"]) > len(planned_from_start.meta["resident"])
+    # the trace's steps (1-4) ran before the move: its info is the first plan's
+    assert result.trace.info == planned_from_start.trace.info
     assert_matches_reference(result, tied=False, config={})
 
 
