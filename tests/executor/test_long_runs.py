@@ -3,9 +3,10 @@ planned whole; saves land on any step; the trace keeps its window; memory stays 
 
 from __future__ import annotations
 
-import gc
-import os
-import threading
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,15 +14,8 @@ from hf_models import spec_of
 from runs import assert_bitwise_equal, model_config, run_executor
 
 import executor.loop as loop_mod
-from executor.checkpoint import RandomInit
-from executor.completion import Completion
-from executor.env import MicroBatch
 from executor.recording import RecentValues
 from executor.runtime import make_shared
-from executor.train import train
-from slide_ir import TrainConfig, load_machine
-from slide_ir.model import load_model
-from slide_ir.trace import MemorySample, Span
 
 PLACEMENTS = {
     "sliding": {},
@@ -90,55 +84,22 @@ def test_interval_metrics_every_n_steps():
     assert rows[2]["host_rss_bytes"] > 10 << 20
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-OWNED = {Span, Completion, MicroBatch, MemorySample}
-
-
-def _objects() -> tuple[int, int]:
-    """(the executor's per-op and per-step objects, every object the collector tracks)."""
-    gc.collect()
-    everything = gc.get_objects()
-    return sum(type(o) in OWNED for o in everything), len(everything)
-
-
 @pytest.mark.slow
 def test_soak_2000_steps_memory_is_flat():
-    """tiny-llama, 2,000 CPU steps: RSS and the executor's live objects (spans, completions,
-    micro-batches, memory samples) after warm-up (step 200) equal those at the end."""
-    spec = load_model("tiny-llama")
-    seen = {}
-
-    def on_step(step, loss, lr, metrics):
-        if step in (200, 2000):
-            seen[step] = (_rss(), *_objects(), threading.active_count())
-
-    def data():
-        g = torch.Generator().manual_seed(0)
-        while True:
-            ids = torch.randint(0, spec.vocab_size, (1, 16), generator=g)
-            yield ids, ids
-
-    result = train(
-        spec,
-        load_machine("h200-16c-128g"),
-        TrainConfig(batch=1, seq=16, steps=2000),
-        initial_state=RandomInit(spec, 0),
-        batches=data(),
-        device="cpu",
-        dtype=torch.float32,
-        on_step=on_step,
-    )
-    assert result.steps_done == 2000
-    (rss0, own0, all0, threads0), (rss1, own1, all1, threads1) = seen[200], seen[2000]
-    assert threads0 == threads1  # the lane threads live through the run's 32 repetitions
-    assert rss1 - rss0 <= max(0.01 * rss0, 2 << 20), (rss0, rss1)
-    assert own1 <= own0 * 1.01, (own0, own1)
-    assert all1 <= all0 * 1.01, (all0, all1)
-    assert {s.step for s in result.trace.spans} == {1, 2, 3, 4}
+    """tiny-llama, 2,000 CPU steps in a fresh process: RSS and the executor's live objects
+    (spans, completions, micro-batches, memory samples) after warm-up (step 200) equal those at
+    the end."""
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name("soak.py"))],
+                         capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    warm, end = got["warm"], got["end"]
+    assert got["steps_done"] == 2000
+    assert warm["threads"] == end["threads"]  # the lane threads live through the 32 repetitions
+    assert end["rss"] - warm["rss"] <= max(0.01 * warm["rss"], 2 << 20), (warm, end)
+    assert end["owned"] <= warm["owned"] * 1.01, (warm, end)
+    assert end["objects"] <= warm["objects"] * 1.01, (warm, end)
+    assert got["trace_steps"] == [1, 2, 3, 4]
 
 
 def test_recent_values_keep_the_last_in_order():

@@ -1,0 +1,70 @@
+"""The 2,000-step tiny-llama soak, run in a process of its own as `slide train` runs: a pytest
+process that has run hundreds of tests carries a fragmented heap whose growth is not the
+executor's. Prints its measurements as JSON for tests/executor/test_long_runs.py."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import threading
+
+import torch
+
+from executor.checkpoint import RandomInit
+from executor.completion import Completion
+from executor.env import MicroBatch
+from executor.train import train
+from slide_ir import TrainConfig, load_machine
+from slide_ir.model import load_model
+from slide_ir.trace import MemorySample, Span
+
+STEPS = 2000
+WARM = 200
+OWNED = {Span, Completion, MicroBatch, MemorySample}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _objects() -> tuple[int, int]:
+    """(the executor's per-op and per-step objects, every object the collector tracks)."""
+    gc.collect()
+    everything = gc.get_objects()
+    return sum(type(o) in OWNED for o in everything), len(everything)
+
+
+def main() -> None:
+    spec = load_model("tiny-llama")
+    seen = {}
+
+    def on_step(step, loss, lr, metrics):
+        if step in (WARM, STEPS):
+            own, every = _objects()
+            seen[step] = {"rss": _rss(), "owned": own, "objects": every,
+                          "threads": threading.active_count()}  # fmt: skip
+
+    def data():
+        g = torch.Generator().manual_seed(0)
+        while True:
+            ids = torch.randint(0, spec.vocab_size, (1, 16), generator=g)
+            yield ids, ids
+
+    result = train(
+        spec,
+        load_machine("h200-16c-128g"),
+        TrainConfig(batch=1, seq=16, steps=STEPS),
+        initial_state=RandomInit(spec, 0),
+        batches=data(),
+        device="cpu",
+        dtype=torch.float32,
+        on_step=on_step,
+    )
+    print(json.dumps({"steps_done": result.steps_done, "warm": seen[WARM], "end": seen[STEPS],
+                      "trace_steps": sorted({s.step for s in result.trace.spans})}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
