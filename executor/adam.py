@@ -17,14 +17,14 @@ correction with the optimizer step count, no decay for 1-D parameters (norms, bi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from executor import host_adam
 from executor.buffers import OptState
-from executor.layout import UnitLayout
 
 SCHEDULES = ("constant", "cosine", "linear")
 CHUNK = 1 << 20  # elements per fused step on the host: ~18 MB of working set, cache-sized
@@ -76,6 +76,17 @@ class AdamWConfig:
         return self.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class Ranges(Protocol):
+    """What an update asks of the elements it updates: a unit's `UnitLayout`, or a rank's
+    `Shard` of it."""
+
+    def decay_ranges(self) -> tuple[tuple[int, int, bool], ...]: ...
+
+
+# a 0-d FP32 tensor summed over the ranks (data parallel: a unit's squared norm over its shards)
+SumOverRanks = Callable[[torch.Tensor], torch.Tensor]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepHp:
     """What one update needs beyond the buffers."""
@@ -84,17 +95,23 @@ class StepHp:
     lr: float
     config: AdamWConfig
     clip_norm: float | None = None  # per-unit gradient clipping (TrainConfig.clip == "per-unit")
+    sum_over_ranks: SumOverRanks | None = None  # the gradient is a shard: its norm is the sum's
 
 
 CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_
 
 
-def clip_coef(grad: torch.Tensor, max_norm: float | None) -> torch.Tensor | None:
+def clip_coef(
+    grad: torch.Tensor, max_norm: float | None, sum_over_ranks: SumOverRanks | None = None
+) -> torch.Tensor | None:
     """min(1, max_norm / (||grad|| + eps)) as a 0-d FP32 tensor on the grad's device (no host
-    sync on a GPU), or None when not clipping."""
+    sync on a GPU), or None when not clipping. A shard's norm is the unit's: its squares
+    summed over the ranks."""
     if max_norm is None:
         return None
     norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+    if sum_over_ranks is not None:
+        norm = sum_over_ranks(norm.square()).sqrt()
     return (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)
 
 
@@ -146,9 +163,7 @@ def _fused(
     )
 
 
-def _pieces(
-    layout: UnitLayout, parts: Sequence[Part], chunk: int
-) -> list[tuple[int, int, bool, Part]]:
+def _pieces(layout: Ranges, parts: Sequence[Part], chunk: int) -> list[tuple[int, int, bool, Part]]:
     """(lo, hi, decay, part): decay groups x state parts x chunks, in element order."""
     out = []
     for lo, hi, decay in layout.decay_ranges():
@@ -159,7 +174,7 @@ def _pieces(
 
 
 def update_host(
-    layout: UnitLayout,
+    layout: Ranges,
     grad: torch.Tensor,
     parts: Sequence[Part],
     out: torch.Tensor,
@@ -171,7 +186,7 @@ def update_host(
     if host_adam.kernel() is None:
         update_host_torch(layout, grad, parts, out, hp, scratch)
         return
-    coef = clip_coef(grad, hp.clip_norm)
+    coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks)
     scale = 1.0 if coef is None else float(coef)
     c = hp.config
     for lo, hi, decay, part in _pieces(layout, parts, WHOLE):
@@ -192,7 +207,7 @@ def update_host(
 
 
 def update_host_torch(
-    layout: UnitLayout,
+    layout: Ranges,
     grad: torch.Tensor,
     parts: Sequence[Part],
     out: torch.Tensor,
@@ -202,7 +217,7 @@ def update_host_torch(
     """`update_host` with torch's fused AdamW over `CHUNK`-element chunks (the fallback, and the
     baseline bench/host_adam.py times)."""
     scratch.step.fill_(float(hp.step))
-    coef = clip_coef(grad, hp.clip_norm)
+    coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks)
     for lo, hi, decay, part in _pieces(layout, parts, CHUNK):
         n, st = hi - lo, part.state
         g = grad[lo:hi]
@@ -223,7 +238,7 @@ def update_host_torch(
 
 
 def update_device(
-    layout: UnitLayout,
+    layout: Ranges,
     weights: torch.Tensor,
     grad: torch.Tensor,
     state: OptState,
@@ -238,7 +253,7 @@ def update_device(
         g32 = grad32.copy_(grad)
     else:
         g32 = grad if grad.dtype == torch.float32 else grad.float()
-    coef = clip_coef(g32, hp.clip_norm)
+    coef = clip_coef(g32, hp.clip_norm, hp.sum_over_ranks)
     if coef is not None:
         g32 = g32 * coef
     for lo, hi, decay in layout.decay_ranges():

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from executor.layout import UnitLayout
+from executor.layout import Shard, UnitLayout
 from executor.nvme_io import aligned_empty
 from slide_ir.graph import Graph, Pool, PoolRole, Tier, Value
 from slide_ir.model import ModelSpec
@@ -67,6 +67,8 @@ class Setup:
 
     spec: ModelSpec
     layouts: dict[int, UnitLayout]
+    shards: dict[int, Shard]  # what this rank holds of each unit's host and optimizer state
+    nproc: int  # data-parallel ranks: a unit's GPU buffers hold nproc equal parts
     device: torch.device
     dtype: torch.dtype  # compute dtype of weights, grads, activations
     moments_dtype: torch.dtype
@@ -230,10 +232,16 @@ class _Allocator:
         self.out.allocated[pool.name] = self.out.allocated.get(pool.name, 0) + nbytes
 
     def numel(self, unit: int) -> int:
-        return self.s.layouts[unit].numel
+        """Elements of the rank's shard of `unit` (all of it on one rank)."""
+        return self.s.shards[unit].numel
+
+    def padded(self, unit: int) -> int:
+        """Elements of `unit`'s GPU weights or gradients: the whole unit, padded to `nproc`
+        equal parts for the collectives."""
+        return self.s.nproc * -(-self.s.layouts[unit].numel // self.s.nproc)
 
     def largest(self, pool: Pool) -> int:
-        """Elements of the largest unit a slot of `pool` holds."""
+        """Elements of the largest shard a slot of `pool` holds."""
         return max(self.numel(u) for u in pool.units)
 
     def dtype(self, pool: Pool, elements: int) -> torch.dtype:
@@ -263,7 +271,7 @@ class _Allocator:
 
     # -- weights and gradients ----------------------------------------------------------------
     def unit_slots(self, pool: Pool) -> None:
-        numel = self.largest(pool)
+        numel = max(self.padded(u) for u in pool.units)
         for key in pool.slot_ids():
             self.put(pool, key, _gpu_unit(self.s, numel), 2 * numel * self.s.dtype.itemsize)
 
@@ -309,8 +317,8 @@ class _Allocator:
     def resident(self, pool: Pool) -> None:
         s = self.s
         for unit in pool.units:
-            numel = self.numel(unit)
-            self.put(pool, f"gpu.{unit}", _gpu_unit(s, numel), 2 * numel * s.dtype.itemsize)
+            whole, numel = self.padded(unit), self.numel(unit)
+            self.put(pool, f"gpu.{unit}", _gpu_unit(s, whole), 2 * whole * s.dtype.itemsize)
             state = _dev_opt_state(s, numel)
             self.put(pool, f"devopt.{unit}", state, numel * (4 + 2 * s.moments_dtype.itemsize))
 

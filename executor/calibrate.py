@@ -181,7 +181,7 @@ def gpu_adam_rate(elements: int = 64 * MB) -> Figure:
     hp = StepHp(step=1, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
     layout = _WholeBuffer(elements)
     seconds = _cuda_median(
-        lambda: update_device(layout, weights, grad, state, hp, step_t, grad32),  # type: ignore[arg-type]
+        lambda: update_device(layout, weights, grad, state, hp, step_t, grad32),
         repeats=5,
     )
     return Figure(elements / seconds, f"executor device AdamW, {elements / 1e6:.0f}M elements")
@@ -235,8 +235,8 @@ class _WholeBuffer:
     def __init__(self, n: int) -> None:
         self.n = n
 
-    def decay_ranges(self) -> list[tuple[int, int, bool]]:
-        return [(0, self.n, True)]
+    def decay_ranges(self) -> tuple[tuple[int, int, bool], ...]:
+        return ((0, self.n, True),)
 
 
 class _DmaLoad:
@@ -324,7 +324,7 @@ def adam_rate(
 
         def one_pass() -> None:
             for grad, parts, out in work:
-                update_host(layout, grad, parts, out, hp, scratch)  # type: ignore[arg-type]
+                update_host(layout, grad, parts, out, hp, scratch)
 
         return _host_median(one_pass, repeats=3) / units
 

@@ -19,8 +19,9 @@ from executor.adam import AdamWConfig, HostScratch, Part, StepHp
 from executor.buffers import Buffers, OptState
 from executor.completion import Aborted
 from executor.layers import Rope
-from executor.layout import UnitLayout
+from executor.layout import Shard, UnitLayout
 from executor.nvme import NvmeStore, StripeFormat
+from executor.ranks import Ranks
 from executor.tape import Tape
 from slide_ir.graph import PoolRole, Value
 from slide_ir.model import ModelSpec
@@ -41,6 +42,7 @@ class MicroBatch:
 class Env:
     spec: ModelSpec
     layouts: dict[int, UnitLayout]
+    shards: dict[int, Shard]  # what this rank updates of each unit (all of it on one rank)
     buffers: Buffers
     rope: Rope
     device: torch.device
@@ -61,14 +63,18 @@ class Env:
     batches: queue.Queue[MicroBatch] = field(default_factory=queue.Queue)
     nvme: NvmeStore | None = None
     stripes: StripeFormat | None = None
+    ranks: Ranks | None = None  # data parallel: this process's rank and groups
 
-    def hp(self, step: int) -> StepHp:
+    def hp(self, step: int, lane: str) -> StepHp:
+        """The update's hyperparameters; a shard's clipping sums its norm on `lane`'s group."""
         global_step = self.step_offset + step
+        ranks = self.ranks
         return StepHp(
             step=global_step,
             lr=self.optim.lr_at(global_step, self.total_steps),
             config=self.optim,
             clip_norm=self.clip_norm,
+            sum_over_ranks=(lambda t: ranks.sum_(t, lane)) if ranks is not None else None,
         )
 
     def take_batch(self, step: int, micro: int) -> MicroBatch:
@@ -85,8 +91,8 @@ class Env:
         return mb
 
     def host_state(self, unit: int) -> OptState:
-        """A unit's FP32 master and moments in host RAM."""
-        numel = self.layouts[unit].numel
+        """A unit's FP32 master and moments in host RAM (this rank's shard of them)."""
+        numel = self.shards[unit].numel
         moments = self.buffers.tensor(f"moments.{unit}")
         master = self.buffers.tensor(f"master.{unit}")
         return OptState(master=master, m=moments[:numel], v=moments[numel:])
@@ -98,7 +104,7 @@ class Env:
             state = self.buffers[f"devopt.{unit}"]
             assert isinstance(state, OptState), unit
             return state
-        numel = self.layouts[unit].numel
+        numel = self.shards[unit].numel
         state = self.buffers[v.slot]
         assert isinstance(state, OptState), v
         return OptState(master=state.master[:numel], m=state.m[:numel], v=state.v[:numel])
@@ -106,7 +112,7 @@ class Env:
     def host_parts(self, unit: int, staging: tuple[str, ...]) -> list[Part]:
         """Where a host-updated unit's optimizer state is for this update: RAM, or the NVMe
         stripes just read into `staging` (master from RAM when only moments are on NVMe)."""
-        numel = self.layouts[unit].numel
+        numel = self.shards[unit].numel
         master = self.buffers.items.get(f"master.{unit}")
         assert master is None or isinstance(master, torch.Tensor)
         if not staging:

@@ -33,24 +33,35 @@ def _src_dst(env: Env, op: Op) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # -- transfers (h2d / d2h lanes; ZeRO-offload's gradient flushes on gpu) ----------------------
+# Host copies hold the rank's shard of a unit (all of it on one rank): the transfers move the
+# shard's range of the unit's GPU buffer.
+def _on_gpu(env: Env, t: torch.Tensor, unit: int) -> torch.Tensor:
+    shard = env.shards[unit]
+    return t[shard.start : shard.end]
+
+
+def _on_host(env: Env, v: Value, unit: int) -> torch.Tensor:
+    return env.buffers.of(v, unit)[: env.shards[unit].numel]
+
+
 def h2d_param(env: Env, lane: LaneState, op: Op) -> None:
-    src = env.buffers.of(op.reads[0], op.unit)
-    env.buffers.unit_at(op.writes[0], op.unit).w.copy_(src, non_blocking=True)
+    dst = _on_gpu(env, env.buffers.unit_at(op.writes[0], op.unit).w, op.unit)
+    dst.copy_(_on_host(env, op.reads[0], op.unit), non_blocking=True)
 
 
 def d2h_grad(env: Env, lane: LaneState, op: Op) -> None:
-    src = env.buffers.unit_at(op.reads[0], op.unit).g
-    env.buffers.of(op.writes[0], op.unit).copy_(src, non_blocking=True)
+    src = _on_gpu(env, env.buffers.unit_at(op.reads[0], op.unit).g, op.unit)
+    _on_host(env, op.writes[0], op.unit).copy_(src, non_blocking=True)
 
 
 def w_d2h(env: Env, lane: LaneState, op: Op) -> None:
     """A streamed unit's updated weights into the pinned copy the next upload reads."""
-    src = env.buffers.unit_at(op.reads[0], op.unit).w
-    env.buffers.of(op.writes[0], op.unit).copy_(src, non_blocking=True)
+    src = _on_gpu(env, env.buffers.unit_at(op.reads[0], op.unit).w, op.unit)
+    _on_host(env, op.writes[0], op.unit).copy_(src, non_blocking=True)
 
 
 def _host_state(env: Env, master: Value, moments: Value, unit: int) -> OptState:
-    numel = env.layouts[unit].numel
+    numel = env.shards[unit].numel
     both = env.buffers.of(moments, unit)
     return OptState(master=env.buffers.of(master, unit), m=both[:numel], v=both[numel:])
 
@@ -96,7 +107,7 @@ def adam_host(env: Env, lane: LaneState, op: Op) -> None:
     accumulator first when the step has several."""
     u = op.unit
     (landed,) = _role(env, op.reads, R.GRAD_LANDING)
-    grad = env.buffers.of(landed, u)
+    grad = _on_host(env, landed, u)
     for acc in _role(env, op.reads, R.GRAD_ACCUM):
         grad = env.buffers.of(acc, u).add_(grad)
     assert lane.scratch is not None, "the cpu lane owns the optimizer scratch"
@@ -104,7 +115,8 @@ def adam_host(env: Env, lane: LaneState, op: Op) -> None:
     parts = env.host_parts(u, staging)
     (weights,) = _role(env, op.writes, R.HOST_WEIGHTS)
     dst = env.buffers.of(weights, u)
-    adam.update_host(env.layouts[u], grad, parts, dst, env.hp(op.step), lane.scratch)
+    hp = env.hp(op.step, lane.lane)
+    adam.update_host(env.shards[u], grad, parts, dst, hp, lane.scratch)
 
 
 # -- NVMe lanes ----------------------------------------------------------------------------------
@@ -129,10 +141,23 @@ def nvme_read(env: Env, lane: LaneState, op: Op) -> None:
     env.nvme.read(lane_index(op.lane), offset, env.buffers.of(op.writes[0], op.unit))
 
 
-def collective(env: Env, lane: LaneState, op: Op) -> None:
-    raise NotImplementedError(
-        f"op {op.id}: {op.kind} is simulated only (multi-GPU layouts are planned on paper)"
-    )
+# -- net lane (data parallel) -------------------------------------------------------------------
+def reduce_scatter(env: Env, lane: LaneState, op: Op) -> None:
+    """A unit's gradient summed over the ranks: this rank's shard of it, in place."""
+    assert env.ranks is not None, op.id
+    g = env.buffers.unit_at(op.reads[0], op.unit).g
+    env.ranks.reduce_scatter(g, env.layouts[op.unit].numel)
+
+
+def all_gather(env: Env, lane: LaneState, op: Op) -> None:
+    """A unit's weights whole on every rank from the shards each uploaded or updated."""
+    assert env.ranks is not None, op.id
+    w = env.buffers.unit_at(op.writes[0], op.unit).w
+    env.ranks.all_gather(w, env.layouts[op.unit].numel)
+
+
+def unplanned(env: Env, lane: LaneState, op: Op) -> None:
+    raise NotImplementedError(f"op {op.id}: no plan emits {op.kind} yet (the simulator prices it)")
 
 
 HANDLERS: dict[OpKind, Handler] = {
@@ -153,9 +178,9 @@ HANDLERS: dict[OpKind, Handler] = {
     OpKind.ACT_LOAD: copy,
     OpKind.NVME_READ: nvme_read,
     OpKind.NVME_WRITE: nvme_write,
-    OpKind.ALL_REDUCE: collective,
-    OpKind.REDUCE_SCATTER: collective,
-    OpKind.ALL_GATHER: collective,
-    OpKind.ALL_TO_ALL: collective,
-    OpKind.SEND_RECV: collective,
+    OpKind.ALL_REDUCE: unplanned,
+    OpKind.REDUCE_SCATTER: reduce_scatter,
+    OpKind.ALL_GATHER: all_gather,
+    OpKind.ALL_TO_ALL: unplanned,
+    OpKind.SEND_RECV: unplanned,
 }

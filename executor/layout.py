@@ -64,6 +64,31 @@ class UnitLayout:
         return tuple(r for r in ranges if r[1] > r[0])
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Shard:
+    """The elements [start, end) of a unit that one rank updates (all of it on one rank): its
+    host state, gradient landing and BF16 copy hold just these, indexed from 0."""
+
+    unit: int
+    start: int
+    end: int
+    decay_end: int  # elements [0, decay_end) of the shard get weight decay
+
+    @property
+    def numel(self) -> int:
+        return self.end - self.start
+
+    def decay_ranges(self) -> tuple[tuple[int, int, bool], ...]:
+        """(start, end, decay) of the AdamW groups within the shard (empty ones dropped)."""
+        ranges = ((0, self.decay_end, True), (self.decay_end, self.numel, False))
+        return tuple(r for r in ranges if r[1] > r[0])
+
+
+def shard_of(layout: UnitLayout, start: int, end: int) -> Shard:
+    decay_end = min(max(layout.decay_numel - start, 0), end - start)
+    return Shard(unit=layout.unit, start=start, end=end, decay_end=decay_end)
+
+
 class _Builder:
     """Appends segments, then lays out HF names inside them."""
 

@@ -20,17 +20,21 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from executor import setup as setup_mod
+from executor import state as state_mod
 from executor.env import MicroBatch
+from executor.ranks import Ranks
 from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
+from executor.state import ReadState
 from slide_ir.config import TrainConfig
+from slide_ir.data_parallel import shard_plan
 from slide_ir.planner import Plan, plan
 
 log = logging.getLogger("executor.loop")
@@ -41,8 +45,6 @@ log = logging.getLogger("executor.loop")
 GRAPH_STEPS = 64
 LOSS_HISTORY = 10_000  # the last losses and LRs a result keeps (aggregates come from on_step)
 OnStep = Callable[[int, float, float, dict[str, Any]], bool | None]
-# the state (weights, moments) read from the running engine: valid during the callback only
-ReadState = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]]
 OnSave = Callable[[int, ReadState], None]
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
 
@@ -60,14 +62,23 @@ def graph_config(config: TrainConfig) -> TrainConfig:
     return replace(config, steps=min(config.steps, GRAPH_STEPS))
 
 
-def graph_plan(p: Plan, steps: int) -> Plan:
-    """The plan whose graph a run of `steps` repeats: `p` itself when it is short enough."""
+def graph_plan(p: Plan, steps: int, ranks: Ranks | None = None) -> Plan:
+    """The plan whose graph a run of `steps` repeats: `p` itself when it is short enough.
+    Data parallel: `p` is rank `ranks.rank`'s (`rank_plan`), and so is the result."""
     n = min(steps, GRAPH_STEPS)
     if p.config.steps == n:
         return p
     out = plan(p.model, p.machine, replace(p.config, steps=n))
+    if ranks is not None:
+        out = rank_plan(out, ranks)
     assert out.graph.pools == p.graph.pools, "a plan's pools must not depend on its steps"
     return out
+
+
+def rank_plan(p: Plan, ranks: Ranks) -> Plan:
+    """One rank's single-GPU plan `p` (at the rank's batch) with its graph sharded for rank
+    `ranks.rank` of `ranks.nproc` (`slide_ir.data_parallel`)."""
+    return replace(p, graph=shard_plan(p, ranks.nproc, ranks.rank).graph)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +90,10 @@ class Saver:
         return global_step % self.every == 0
 
     def save(self, global_step: int, run: setup_mod.Run) -> None:
+        """On rank 0 of a data-parallel run; the other ranks serve its reads meanwhile."""
         if run.env.cuda:
             torch.cuda.synchronize(run.env.device)
-        self.on_save(global_step, run.state_views)
+        state_mod.read_on_main(run.env, lambda read: self.on_save(global_step, read))
 
 
 # (the plan whose graph ran, busy seconds per lane over `steps`, steps) -> the plan and engine to
@@ -151,7 +163,7 @@ class Driver:
                 if self.replan is not None and pr.done == 0:
                     n = min(n, REPLAN_AFTER)
                 if n < self.p.config.steps:  # the last repetition of a longer run: fewer steps
-                    graph = graph_plan(self.p, n).graph
+                    graph = graph_plan(self.p, n, env.ranks).graph
                 if shared is None or shared.graph is not graph:
                     shared = make_shared(env, graph, pr.recorder)
                 else:
@@ -214,7 +226,7 @@ class _Repetition:
     def feed(self) -> None:
         self.fed += 1
         env, p = self.d.run_.env, self.d.p
-        for mb in micro_batches(self.d.it, self.fed, p, self.base, pin=env.cuda):
+        for mb in micro_batches(self.d.it, self.fed, p, self.base, env.cuda, env.ranks):
             env.batches.put(mb)
 
     def run(self) -> None:
@@ -252,6 +264,8 @@ class _Repetition:
         pr.done += 1
         pr.recorder.resolve(pr.done)
         loss = float(env.loss_host[step - 1])
+        if env.ranks is not None:  # each rank's part of the step's mean loss
+            loss = float(env.ranks.sum_(torch.tensor([loss], dtype=torch.float64), "main")[0])
         lr = env.optim.lr_at(self.base + step, env.total_steps)
         pr.losses.append(loss)
         pr.lrs.append(lr)
@@ -263,8 +277,11 @@ class _Repetition:
             )
         metrics = step_metrics(d.p, now - pr.last) | self._interval(now)
         pr.last = now
-        if d.on_step is not None and d.on_step(self.base + step, loss, lr, metrics):
-            pr.stop = True
+        stop = d.on_step is not None and bool(d.on_step(self.base + step, loss, lr, metrics))
+        if env.ranks is not None:  # a rank that stops stops them all, at the same step
+            said = torch.tensor([int(stop or pr.stop)], dtype=torch.int64)
+            stop = bool(env.ranks.sum_(said, "main")[0])
+        pr.stop = pr.stop or stop
 
     def _interval(self, now: float) -> dict[str, Any]:
         """Every `log_every` steps: tokens/s and each lane's busy share over those steps, and
@@ -284,9 +301,15 @@ class _Repetition:
                 "lane_busy": lanes, **self.d.run_.memory_now()}  # fmt: skip
 
 
-def micro_batches(it: Batches, step: int, p: Plan, base: int, pin: bool) -> list[MicroBatch]:
-    """The step's micro-batches, checked, each scaled by 1 / (labelled tokens of the step)."""
-    shape = (p.config.batch, p.config.seq)
+def micro_batches(
+    it: Batches, step: int, p: Plan, base: int, pin: bool, ranks: Ranks | None = None
+) -> list[MicroBatch]:
+    """The step's micro-batches, checked, each scaled by 1 / (labelled tokens of the step).
+    Data parallel: the data holds the global batch, each rank takes its rows (`p` is the
+    rank's plan), the scale counts every rank's tokens."""
+    nproc, rank = (ranks.nproc, ranks.rank) if ranks is not None else (1, 0)
+    rows = slice(rank * p.config.batch, (rank + 1) * p.config.batch)
+    shape = (nproc * p.config.batch, p.config.seq)
     raw = []
     for micro in range(p.config.grad_accum):
         try:
@@ -306,6 +329,7 @@ def micro_batches(it: Batches, step: int, p: Plan, base: int, pin: bool) -> list
     valid = sum(int((labels != -100).sum()) for _, labels in raw)
     if valid == 0:
         raise DataError(f"step {base + step}: no labelled token (all labels are -100)")
+    mine = [(ids[rows].contiguous(), labels[rows].contiguous()) for ids, labels in raw]
     return [
         MicroBatch(
             step=step,
@@ -314,7 +338,7 @@ def micro_batches(it: Batches, step: int, p: Plan, base: int, pin: bool) -> list
             labels=labels.pin_memory() if pin else labels,
             scale=1.0 / valid,
         )
-        for m, (ids, labels) in enumerate(raw)
+        for m, (ids, labels) in enumerate(mine)
     ]
 
 

@@ -46,15 +46,16 @@ class DriveFile(Protocol):
     def close(self) -> None: ...
 
 
-def drive_paths(directories: NvmeDirs, drives: int) -> list[Path]:
-    """Drive k's file: `nvme{k}.bin` in directories[k % len(directories)]; one path: all there."""
+def drive_paths(directories: NvmeDirs, drives: int, tag: str = "") -> list[Path]:
+    """Drive k's file: `nvme{k}{tag}.bin` in directories[k % len(directories)]; one path: all
+    there. `tag` tells ranks' files apart (`.rank1`)."""
     if isinstance(directories, str | os.PathLike):
         dirs = [Path(directories)]
     else:
         dirs = [Path(d) for d in directories]
     if not dirs:
         raise ValueError("nvme_dir: give at least one directory for the NVMe drive files")
-    return [dirs[k % len(dirs)] / f"nvme{k}.bin" for k in range(drives)]
+    return [dirs[k % len(dirs)] / f"nvme{k}{tag}.bin" for k in range(drives)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,8 +110,9 @@ class NvmeStore:
         act_slots: Mapping[int, Iterable[int]] | None = None,
         act_bytes: int = 0,
         backend: str = "direct",
+        tag: str = "",
     ) -> None:
-        self.paths = drive_paths(directories, drives)
+        self.paths = drive_paths(directories, drives, tag)
         self.offset: dict[int, int] = {}  # unit -> offset of its stripes on every drive
         end = 0
         for unit, nbytes in sorted(sizes.items()):

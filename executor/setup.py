@@ -21,9 +21,10 @@ from executor import layers, state
 from executor.adam import AdamWConfig
 from executor.buffers import Buffers, Setup, allocate, stripe_bytes
 from executor.env import Env
-from executor.layout import unit_layouts
+from executor.layout import Shard, UnitLayout, shard_of, unit_layouts
 from executor.nvme import NvmeDirs, NvmeStore, StripeFormat, backend_for
 from executor.phases import Phases
+from executor.ranks import Ranks
 from slide_ir.graph import Graph, OpKind, PoolRole, Tier, UnitPlacement, lane_index
 from slide_ir.planner import Plan
 from slide_ir.trace import MemorySample
@@ -115,7 +116,7 @@ def _units_placed(graph: Graph, where: UnitPlacement) -> list[int]:
 
 
 def _nvme(
-    p: Plan, s: Setup, directories: NvmeDirs, act_bytes: int, cuda: bool
+    p: Plan, s: Setup, directories: NvmeDirs, act_bytes: int, cuda: bool, ranks: Ranks | None
 ) -> tuple[NvmeStore | None, StripeFormat | None]:
     c = p.config
     if c.optimizer == "cpu" and c.activations != "nvme":
@@ -128,7 +129,7 @@ def _nvme(
     if c.optimizer != "cpu":
         on_nvme = [u for pool in p.graph.pools if pool.role == PoolRole.NVME_STATE
                    for u in pool.units]  # fmt: skip
-        sizes = {u: stripe_bytes(s, s.layouts[u].numel) for u in sorted(on_nvme)}
+        sizes = {u: stripe_bytes(s, s.shards[u].numel) for u in sorted(on_nvme)}
     store = NvmeStore(
         directories,
         drives,
@@ -136,6 +137,7 @@ def _nvme(
         act_slots=_act_slots(p.graph),
         act_bytes=act_bytes,
         backend=backend_for(cuda),
+        tag=f".rank{ranks.rank}" if ranks is not None else "",
     )
     return store, fmt
 
@@ -154,12 +156,23 @@ def _act_slots(graph: Graph) -> dict[int, set[int]]:
     return out
 
 
-def _setup(p: Plan, device: torch.device, dtype: torch.dtype) -> Setup:
+def shards(layouts: dict[int, UnitLayout], ranks: Ranks | None) -> dict[int, Shard]:
+    """What this rank updates of each unit: all of it on one rank."""
+    return {
+        u: shard_of(lay, *(ranks.shard(lay.numel) if ranks is not None else (0, lay.numel)))
+        for u, lay in layouts.items()
+    }
+
+
+def _setup(p: Plan, device: torch.device, dtype: torch.dtype, ranks: Ranks | None) -> Setup:
     c, spec = p.config, p.model
     opt_on_nvme = {"cpu": (), "nvme": ("master", "moments"), "nvme-moments": ("moments",)}
+    layouts = unit_layouts(spec)
     return Setup(
         spec=spec,
-        layouts=unit_layouts(spec),
+        layouts=layouts,
+        shards=shards(layouts, ranks),
+        nproc=ranks.nproc if ranks is not None else 1,
         device=device,
         dtype=dtype,
         moments_dtype=torch.float32 if c.moments_dtype == "fp32" else torch.bfloat16,
@@ -182,19 +195,21 @@ def build(
     initial_state: Mapping[str, torch.Tensor],
     initial_optim_state: Mapping[str, torch.Tensor] | None,
     phases: Phases | None = None,
+    ranks: Ranks | None = None,
 ) -> Run:
     phases = phases or Phases()
     with phases("engine check"):
-        s = _setup(p, device, dtype)
+        s = _setup(p, device, dtype, ranks)
         state.check_names(s.layouts, initial_state, p.model.tied_embeddings)
     with phases("buffers"):
         buffers: Buffers = allocate(p.graph, s)
     c = p.config
     act_bytes = c.batch * c.seq * p.model.hidden_size * dtype.itemsize
-    store, fmt = _nvme(p, s, nvme_dir, act_bytes, device.type == "cuda")
+    store, fmt = _nvme(p, s, nvme_dir, act_bytes, device.type == "cuda", ranks)
     env = Env(
         spec=p.model,
         layouts=s.layouts,
+        shards=s.shards,
         buffers=buffers,
         rope=layers.make_rope(p.model, c.seq, device, dtype),
         device=device,
@@ -214,6 +229,7 @@ def build(
         clip_norm=c.clip_norm if c.clip == "per-unit" else None,
         nvme=store,
         stripes=fmt,
+        ranks=ranks,
     )
     try:
         with phases("state"):

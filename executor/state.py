@@ -16,7 +16,7 @@ one thread's work).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -28,6 +28,8 @@ from executor.layout import UnitLayout
 from executor.nvme_io import aligned_empty
 
 EXP_AVG, EXP_AVG_SQ = ".exp_avg", ".exp_avg_sq"
+# the state (weights, moments) read from the running engine: valid during the callback only
+ReadState = Callable[[], tuple[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]]
 
 
 class StateDictError(ValueError):
@@ -121,24 +123,37 @@ LOAD_THREADS = 8  # random init is one thread per tensor; copies are memory-boun
 def _load_unit(
     env: Env, unit: int, state: Mapping[str, torch.Tensor], optim: Mapping[str, torch.Tensor] | None
 ) -> None:
-    layout, items = env.layouts[unit], env.buffers.items
+    """A unit's state into its homes: the rank's shard of the FP32 master and moments, the
+    weights whole where the GPU keeps them (resident units)."""
+    layout, shard, items = env.layouts[unit], env.shards[unit], env.buffers.items
+    mine = slice(shard.start, shard.end)
     if f"devopt.{unit}" in items:  # resident / gpu-only: everything on the device
         master = pack(layout, state)
         m, v = _moments(layout, optim)
         dev = env.buffers[f"devopt.{unit}"]
         assert isinstance(dev, OptState)
-        _fill(dev, master.to(env.device), m.to(env.device), v.to(env.device))
-        env.buffers.gpu_unit(f"gpu.{unit}").w.copy_(dev.master)
+        _fill(dev, *(t[mine].to(env.device) for t in (master, m, v)))
+        env.buffers.gpu_unit(f"gpu.{unit}").w[: layout.numel].copy_(master)
         return
     home = items.get(f"master.{unit}")  # None: the master lives on NVMe
-    master = pack(layout, state, out=home if isinstance(home, torch.Tensor) else None)
+    whole = shard.numel == layout.numel  # one rank: pack straight into the homes
+    if whole:
+        master = pack(layout, state, out=home if isinstance(home, torch.Tensor) else None)
+    else:
+        master = pack(layout, state)[mine]
+        if isinstance(home, torch.Tensor):
+            home.copy_(master)
+    n = shard.numel
     if optim is not None and f"moments.{unit}" in items:  # fresh moments: zero as allocated
         moments = env.buffers.tensor(f"moments.{unit}")
-        pack(layout, optim, EXP_AVG, out=moments[: layout.numel])
-        pack(layout, optim, EXP_AVG_SQ, out=moments[layout.numel :])
+        for part, suffix in ((moments[:n], EXP_AVG), (moments[n:], EXP_AVG_SQ)):
+            if whole:
+                pack(layout, optim, suffix, out=part)
+            else:
+                part.copy_(pack(layout, optim, suffix)[mine])
     if env.nvme is not None:
-        _write_stripes(env, unit, master, *_moments(layout, optim))
-    env.buffers.tensor(f"bf16.{unit}").copy_(master)
+        _write_stripes(env, unit, master, *(t[mine] for t in _moments(layout, optim)))
+    env.buffers.tensor(f"bf16.{unit}")[:n].copy_(master)
     if f"gpu.{unit}" in items:  # ZeRO-offload: the whole model starts on the device
         env.buffers.gpu_unit(f"gpu.{unit}").w.copy_(master)
 
@@ -146,7 +161,7 @@ def _load_unit(
 def _stripe_parts(env: Env, unit: int) -> list[tuple[torch.Tensor, Part]]:
     """A fresh staging-like buffer and its typed views, for every stripe of `unit`."""
     assert env.stripes is not None
-    numel, out = env.layouts[unit].numel, []
+    numel, out = env.shards[unit].numel, []
     master = env.buffers.items.get(f"master.{unit}")
     for k in range(env.stripes.drives):
         buf = aligned_empty(env.stripes.stripe_bytes(numel), torch.uint8)  # O_DIRECT's DMA
@@ -170,8 +185,8 @@ def _write_stripes(
 
 
 def _host_state(env: Env, unit: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(master, m, v) of a host-updated unit as flat FP32 tensors, from RAM or NVMe."""
-    numel = env.layouts[unit].numel
+    """(master, m, v) of a host-updated unit's shard as flat FP32 tensors, from RAM or NVMe."""
+    numel = env.shards[unit].numel
     master = env.buffers.items.get(f"master.{unit}")
     if env.nvme is None or unit not in env.nvme.offset:
         moments = env.buffers.tensor(f"moments.{unit}").float()
@@ -186,23 +201,58 @@ def _host_state(env: Env, unit: int) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def extract(env: Env) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(weights, moments), HF names, FP32 on the CPU. Call after the lanes have stopped."""
+    """(weights, moments), HF names, FP32 on the CPU. Call after the lanes have stopped. Data
+    parallel: every rank calls it; rank 0 gets the state, the others empty dicts."""
     weights: dict[str, torch.Tensor] = {}
     moments: dict[str, torch.Tensor] = {}
-    for unit in env.layouts:
-        unit_weights, unit_moments = _unit_state(env, unit)
-        weights.update(unit_weights)
-        moments.update(unit_moments)
+
+    def take(read: ReadState) -> None:
+        for unit in env.layouts:
+            unit_weights, unit_moments = _read_unit(env, unit)
+            weights.update(unit_weights)
+            moments.update(unit_moments)
+
+    read_on_main(env, take)
     return weights, moments
 
 
+def read_on_main(env: Env, use: Callable[[ReadState], None]) -> None:
+    """`use(read_state)` where the state is read: on rank 0 of a data-parallel run, while the
+    other ranks send it their shards of each unit it asks for (a broadcast of the unit, then a
+    gather), until it says it is done (unit -1); on one process, just there."""
+    ranks = env.ranks
+    if ranks is None:
+        use(lambda: state_views(env))
+        return
+    if not ranks.is_main:
+        while (unit := ranks.broadcast_int(-1)) >= 0:
+            _unit_state(env, unit)
+        return
+    try:
+        use(lambda: state_views(env))
+    finally:
+        ranks.broadcast_int(-1)
+
+
+def _read_unit(env: Env, unit: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Rank 0 (or the one process) reads `unit`: the other ranks are told which, and send their
+    shards (`read_on_main`)."""
+    if env.ranks is not None:
+        env.ranks.broadcast_int(unit)
+    return _unit_state(env, unit)
+
+
 def _unit_state(env: Env, unit: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The unit's weights and moments by HF name (whole: data parallel gathers the shards)."""
     layout = env.layouts[unit]
     dev = env.buffers.items.get(f"devopt.{unit}")
     if isinstance(dev, OptState):
         master, m, v = dev.master, dev.m, dev.v
     else:
         master, m, v = _host_state(env, unit)
+    if env.ranks is not None:
+        master, m, v = (env.ranks.gather_parts(t.detach().to("cpu", torch.float32), layout.numel)
+                        for t in (master, m, v))  # fmt: skip
     moments = unpack(layout, m, EXP_AVG) | unpack(layout, v, EXP_AVG_SQ)
     return unpack(layout, master), moments
 
@@ -251,6 +301,6 @@ class _OneUnit:
     def get(self, unit: int, name: str) -> torch.Tensor:
         if unit != self.unit:
             self.tensors, self.unit = {}, -1
-            weights, moments = _unit_state(self.env, unit)
+            weights, moments = _read_unit(self.env, unit)
             self.tensors, self.unit = weights | moments, unit
         return self.tensors[name]

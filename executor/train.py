@@ -9,12 +9,13 @@ second call: pass the saved weights and moments back with `start_step` = steps a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +31,18 @@ from executor.loop import (
     NonFiniteLossError,
     OnSave,
     OnStep,
-    ReadState,
     Saver,
     graph_config,
     graph_plan,
+    rank_plan,
 )
 from executor.phases import Phases
+from executor.ranks import RankFailure, Ranks
 from executor.recording import DEFAULT_TRACE_STEPS, StepWindow
+from executor.state import ReadState, read_on_main
 from slide_ir import refit
 from slide_ir.config import TrainConfig
+from slide_ir.data_parallel import check_nproc, shard_plan
 from slide_ir.hardware import Machine
 from slide_ir.model import ModelSpec
 from slide_ir.planner import Plan, plan
@@ -86,6 +90,7 @@ def train(
     on_finish: OnSave | None = None,
     hand_back: bool = True,
     replan_request: TrainConfig | None = None,
+    ranks: Ranks | None = None,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps. See the module docstring.
 
@@ -115,13 +120,30 @@ def train(
     into an engine built for it and goes on (`slide_ir.refit`; `meta["replan"]` says what was
     decided and why). The move holds the old and the new engine's host memory at once, so it is
     made only when the machine's RAM holds both.
+
+    ranks: this process's rank of a data-parallel run (`executor.ranks`). `config.batch` is
+    then the global batch: every rank reads the same `batches` (the global micro-batches) and
+    takes its rows; `the_plan`, if given, is one rank's single-GPU plan (at batch / N), whose
+    graph the run shards; every rank updates its shard of each unit. on_step gets the global
+    loss on every rank; on_save and on_finish are called on rank 0 only (pass them on every
+    rank: the others serve rank 0's reads meanwhile), and only rank 0's result holds the
+    state. A rank's failure is published to the others, which name it (`RankFailure`).
     """
     if log_every < 1:
         raise ValueError(f"log_every must be >= 1, got {log_every}")
+    if ranks is not None and replan_request is not None:
+        raise ValueError("re-planning is for one process: data-parallel ranks keep their plan")
     window = StepWindow(*trace_steps)
     if the_plan is None:
-        the_plan = plan(model_spec, machine, graph_config(config))
+        rank_config = config
+        if ranks is not None:
+            check_nproc(machine, config, ranks.nproc)
+            rank_config = replace(config, batch=config.batch // ranks.nproc)
+        the_plan = plan(model_spec, machine, graph_config(rank_config))
     p = graph_plan(the_plan, config.steps)
+    if ranks is not None:
+        _check_ranks_fit(p, ranks)
+        p = rank_plan(p, ranks)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -131,7 +153,7 @@ def train(
     total = optim.total_steps or (start_step + config.steps)
     phases = phases or Phases()
     host_adam.prebuild()  # overlaps the set-up below (a fresh host compiles it)
-    with tempfile.TemporaryDirectory(prefix="slide-nvme-") as tmp:
+    with _telling(ranks), tempfile.TemporaryDirectory(prefix="slide-nvme-") as tmp:
         run = setup_mod.build(
             p,
             device=dev,
@@ -143,6 +165,7 @@ def train(
             initial_state=initial_state,
             initial_optim_state=initial_optim_state,
             phases=phases,
+            ranks=ranks,
         )
         replanned: list[refit.Replanned] = []
 
@@ -223,7 +246,7 @@ def _result(
     if host_adam.ready_s is not None:
         phases.add("host AdamW kernel", host_adam.ready_s, overlapped=True)
     if on_finish is not None:
-        on_finish(start_step + pr.done, run.state_views)
+        read_on_main(run.env, lambda read: on_finish(start_step + pr.done, read))
     weights: dict[str, torch.Tensor] = {}
     moments: dict[str, torch.Tensor] = {}
     if hand_back:
@@ -247,6 +270,34 @@ def _result(
         trace=trace,
         meta=dict(trace.meta),
     )
+
+
+@contextlib.contextmanager
+def _telling(ranks: Ranks | None) -> Iterator[None]:
+    """Data parallel: a peer's failure, when one was published, is what stopped this rank
+    (its collectives broke): raise that; else publish this rank's own."""
+    try:
+        yield
+    except BaseException as exc:
+        if ranks is None:
+            raise
+        peer = ranks.peer_failure()
+        if peer is not None:
+            raise RankFailure(f"{peer} (this is rank {ranks.rank}, stopped by it)") from exc
+        ranks.fail(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _check_ranks_fit(p: Plan, ranks: Ranks) -> None:
+    """Each rank's GPU and the host's RAM and NVMe hold N ranks' shares."""
+    over = shard_plan(p, ranks.nproc, ranks.rank).overflows()
+    if over:
+        tier, short = over[0]
+        where = "each rank's GPU" if tier == "gpu" else f"the host's {tier}"
+        raise InfeasiblePlanError(
+            f"{ranks.nproc} ranks do not fit {p.machine.name}: {where} needs "
+            f"{short / 2**30:.2f} GiB more than its {p.ledger.capacity_bytes(tier) / 2**30:.2f} GiB"
+        )
 
 
 def _ledger_note(p: Plan) -> str:

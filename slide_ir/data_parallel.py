@@ -277,6 +277,9 @@ def _shard_pool(pool: Pool, model: ModelSpec, nproc: int, rank: int) -> Pool:
     q = max((unit_params(model, u) for u in pool.units), default=0)
     if pool.role == R.RESIDENT and q:
         return replace(pool, slot_bytes=_resident_slot(pool, q, nproc, rank))
+    if pool.role == R.UNIT and q:  # whole units, padded to N equal parts for the collectives
+        padded = max(nproc * shard_size(unit_params(model, u), nproc) for u in pool.units)
+        return replace(pool, slot_bytes=pool.slot_bytes * padded // q)
     sharded = pool.role in _SHARDED or pool.name == _HANDBACK
     if not sharded:
         return pool
@@ -287,8 +290,7 @@ def _shard_pool(pool: Pool, model: ModelSpec, nproc: int, rank: int) -> Pool:
 
 
 def _resident_slot(pool: Pool, q: int, nproc: int, rank: int) -> int:
-    """A resident slot keeps its BF16 weights and gradients whole (4 B/param) and its FP32
-    master and moments for the rank's shard only."""
-    whole = 4 * q
+    """A resident slot keeps its BF16 weights and gradients whole (4 B/param, padded to N
+    equal parts for the collectives) and its FP32 master and moments for the rank's shard."""
     start, end = shard_range(q, nproc, rank)
-    return whole + _part(pool.slot_bytes - whole, end - start, q)
+    return 4 * nproc * shard_size(q, nproc) + _part(pool.slot_bytes - 4 * q, end - start, q)

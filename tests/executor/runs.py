@@ -11,6 +11,8 @@ from hf_models import hf_model, spec_of, state_dict_fp32, tiny_config
 
 from executor import setup
 from executor.adam import AdamWConfig
+from executor.loop import rank_plan
+from executor.ranks import Ranks
 from executor.reference_loop import reference_train
 from executor.train import TrainResult, train
 from slide_ir import TrainConfig, load_machine
@@ -97,9 +99,14 @@ def graph_of(tied: bool, drives: int = 0, steps: int = STEPS, **config: object) 
     return plan(spec_of(model_config(tied)), load_machine(MACHINE, nvme=drives), train_config).graph
 
 
-def build_run(p: Plan, cfg: dict, nvme_dir: Path, dtype: torch.dtype) -> setup.Run:
+def build_run(
+    p: Plan, cfg: dict, nvme_dir: Path, dtype: torch.dtype, ranks: Ranks | None = None
+) -> setup.Run:
     """The executor's set-up of plan `p` on the CPU (buffers, environment, state loaded from
-    `cfg`'s random model), without running it: for tests of what set-up allocates."""
+    `cfg`'s random model), without running it: for tests of what set-up allocates. `ranks`:
+    rank `ranks.rank`'s of a data-parallel run (no collective is made)."""
+    if ranks is not None:
+        p = rank_plan(p, ranks)
     return setup.build(
         p,
         device=torch.device("cpu"),
@@ -110,6 +117,7 @@ def build_run(p: Plan, cfg: dict, nvme_dir: Path, dtype: torch.dtype) -> setup.R
         nvme_dir=nvme_dir,
         initial_state=state_dict_fp32(hf_model(cfg)),
         initial_optim_state=None,
+        ranks=ranks,
     )
 
 

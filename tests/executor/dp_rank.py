@@ -1,0 +1,120 @@
+"""One rank of the data-parallel tests, started as torchrun starts one (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT in the environment): `python dp_rank.py OUT CASE [CASE ...]`.
+
+Each case trains the tiny model of `runs` on a global batch of `GLOBAL_BATCH` rows with
+`train(ranks=...)`; rank 0 writes its losses and final state to OUT/<case>.pt. Case `resume`
+saves at step 2 (rank 0 writes the checkpoint, every rank reads it back) and runs steps 3-4
+from it. Case `fail` raises on rank 1 at step 2: both processes must exit, rank 0 naming it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from hf_models import hf_model, spec_of, state_dict_fp32
+from runs import LR, MACHINE, model_config
+
+from executor.adam import AdamWConfig
+from executor.ranks import init_from_env
+from executor.train import TrainResult, train
+from slide_ir import TrainConfig, load_machine
+
+GLOBAL_BATCH, SEQ, STEPS = 6, 16, 4  # 6 rows: 2 or 3 ranks take 3 or 2 each
+CASES: dict[str, tuple[bool, dict]] = {
+    "sliding": (False, {}),
+    "tied-sliding": (True, {}),
+    "tied-resident-clip-accum": (
+        True,
+        {"resident": 2, "clip": "per-unit", "clip_norm": 0.05, "grad_accum": 2},
+    ),
+    "tied-streamed": (True, {"streamed": 2}),
+    "host-inputs-clip": (
+        False,
+        {"activations": "cpu", "streamed": 0, "clip": "per-unit", "clip_norm": 0.05},
+    ),
+    "nvme-optimizer": (True, {"optimizer": "nvme", "drives": 2}),
+    "fast": (False, {"placement": "fast"}),  # what the placement search picks
+}
+
+
+def data(n: int, first: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Micro-batches first .. first + n - 1 of the global data (some labels ignored)."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(first + n):
+        ids = torch.randint(0, 512, (GLOBAL_BATCH, SEQ), generator=g)
+        labels = torch.randint(0, 512, (GLOBAL_BATCH, SEQ), generator=g)
+        labels[i % GLOBAL_BATCH, : i % 5] = -100
+        out.append((ids, labels))
+    return out[first:]
+
+
+def run_case(case: str, ranks, tmp: Path, steps: int = STEPS, **kwargs) -> TrainResult:  # type: ignore[no-untyped-def]
+    """`case` on this process's ranks (None: one process, the reference)."""
+    tied, config = CASES[case]
+    config = {"placement": "small", **config}
+    drives = int(config.pop("drives", 0))
+    grad_accum = int(config.get("grad_accum", 1))
+    cfg = model_config(tied)
+    first = kwargs.pop("start_step", 0)
+    kwargs.setdefault("initial_state", state_dict_fp32(hf_model(cfg)))
+    return train(
+        spec_of(cfg),
+        load_machine(MACHINE, nvme=drives),
+        TrainConfig(batch=GLOBAL_BATCH, seq=SEQ, steps=steps, **config),
+        optim=AdamWConfig(lr=LR),
+        batches=data(steps * grad_accum, first * grad_accum),
+        device="cpu",
+        dtype=torch.float32,
+        nvme_dir=tmp,
+        ranks=ranks,
+        start_step=first,
+        **kwargs,
+    )
+
+
+def _resume(ranks, out: Path) -> TrainResult:  # type: ignore[no-untyped-def]
+    saved = out / "resume-step2.pt"
+
+    def on_save(step: int, read_state) -> None:  # type: ignore[no-untyped-def]
+        weights, moments = read_state()
+        torch.save({"weights": dict(weights), "moments": dict(moments), "step": step}, saved)
+
+    run_case("sliding", ranks, out, steps=3, save_every=2, on_save=on_save)
+    torch.distributed.barrier()  # rank 0 has written the checkpoint
+    state = torch.load(saved)
+    return run_case("sliding", ranks, out, steps=2, start_step=state["step"],
+                    initial_state=state["weights"], initial_optim_state=state["moments"])  # fmt: skip
+
+
+def _fail(ranks, out: Path) -> TrainResult:  # type: ignore[no-untyped-def]
+    def on_step(step: int, loss: float, lr: float, metrics: dict) -> None:
+        if ranks.rank == 1 and step == 2:
+            raise ValueError("boom at step 2")
+
+    return run_case("sliding", ranks, out, on_step=on_step)
+
+
+def main() -> None:
+    out, cases = Path(sys.argv[1]), sys.argv[2:]
+    ranks = init_from_env("cpu")
+    assert ranks is not None, "started without WORLD_SIZE > 1"
+    for case in cases:
+        tmp = out / f"{case}.rank{ranks.rank}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        if case == "resume":
+            result = _resume(ranks, out)
+        elif case == "fail":
+            result = _fail(ranks, tmp)
+        else:
+            result = run_case(case, ranks, tmp)
+        record = {"losses": result.losses, "state": result.final_state,
+                  "allocated": result.meta["allocated_bytes"], "steps": result.steps_done}  # fmt: skip
+        torch.save(record, out / f"{case}.rank{ranks.rank}.pt")
+    ranks.close()
+
+
+if __name__ == "__main__":
+    main()
