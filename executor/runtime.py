@@ -36,7 +36,9 @@ from slide_ir.graph import Graph, Op, lane_kind
 
 log = logging.getLogger("executor.runtime")
 
-GPU_LANE_KINDS = ("gpu", "h2d", "d2h")
+# lanes whose ops are enqueued on a CUDA stream of their own: `net` too, for NCCL's collectives
+# are asynchronous to the host like the copies (done when the stream's event is)
+GPU_LANE_KINDS = ("gpu", "h2d", "d2h", "net")
 
 
 @dataclass(kw_only=True)
