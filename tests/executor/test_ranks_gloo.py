@@ -47,15 +47,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(out: Path, nproc: int, cases: list[str], timeout: float = 300) -> Launch:
-    """`nproc` processes of dp_rank.py with the environment torchrun gives its workers."""
+def launch(out: Path, nproc: int, cases: list[str], timeout: float = 300, **knobs: str) -> Launch:
+    """`nproc` processes of dp_rank.py with the environment torchrun gives its workers (and
+    `knobs`, executor.knobs' variables)."""
     out.mkdir(parents=True, exist_ok=True)
     port = str(_free_port())
     procs = []
     for rank in range(nproc):
         env = os.environ | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
                             "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-                            "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}  # fmt: skip
+                            "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO, **knobs}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(out), *cases],
                                       env=env, stderr=subprocess.PIPE, text=True))  # fmt: skip
     errs = [p.communicate(timeout=timeout)[1] for p in procs]
@@ -94,6 +95,16 @@ def test_two_ranks_equal_one_process(two_ranks: Launch, case: str, tmp_path: Pat
 @pytest.mark.parametrize("case", THREE_RANK_CASES)
 def test_three_ranks_equal_one_process(three_ranks: Launch, case: str, tmp_path: Path) -> None:
     _assert_equal_to_one_process(three_ranks.record(case), case, tmp_path)
+
+
+def test_two_ranks_under_random_delays(tmp_path: Path) -> None:
+    """Every lane sleeps a random 0-3 ms before each op: a collective missing a dependency (or
+    a lane's order that the ranks do not share) shows up as a wrong result or a hang."""
+    run = launch(tmp_path, 2, ["tied-resident-clip-accum"], timeout=120,
+                 SLIDE_RANDOM_DELAY_MS="3", SLIDE_DELAY_SEED="11")  # fmt: skip
+    assert run.codes == [0, 0], run.stderr[0][-3000:] + run.stderr[1][-3000:]
+    _assert_equal_to_one_process(run.record("tied-resident-clip-accum"),
+                                 "tied-resident-clip-accum", tmp_path)  # fmt: skip
 
 
 def test_three_ranks_split_units_unevenly() -> None:
