@@ -110,8 +110,8 @@ def main() -> None:
             result = _fail(ranks, tmp)
         else:
             result = run_case(case, ranks, tmp)
-        record = {"losses": result.losses, "state": result.final_state,
-                  "allocated": result.meta["allocated_bytes"], "steps": result.steps_done}  # fmt: skip
+        record = {"losses": result.losses, "state": result.final_state, "trace": result.trace.to_json(),
+                  "steps": result.steps_done}  # fmt: skip
         torch.save(record, out / f"{case}.rank{ranks.rank}.pt")
     ranks.close()
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from dp_rank import CASES, GLOBAL_BATCH, SEQ, STEPS, run_case
 from hf_models import spec_of
-from runs import RTOL, build_run, max_rel_error, model_config
+from runs import MACHINE, RTOL, build_run, max_rel_error, model_config
 
 from executor.layout import unit_layouts
 from executor.ranks import Ranks
@@ -25,6 +25,7 @@ from slide_ir.data_parallel import shard_plan
 from slide_ir.graph import PoolRole as R
 from slide_ir.graph import Tier
 from slide_ir.planner import plan
+from slide_ir.trace import Trace, trace_violations
 
 RANK_SCRIPT = Path(__file__).with_name("dp_rank.py")
 REPO = os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])
@@ -95,6 +96,18 @@ def test_two_ranks_equal_one_process(two_ranks: Launch, case: str, tmp_path: Pat
 @pytest.mark.parametrize("case", THREE_RANK_CASES)
 def test_three_ranks_equal_one_process(three_ranks: Launch, case: str, tmp_path: Path) -> None:
     _assert_equal_to_one_process(three_ranks.record(case), case, tmp_path)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_trace_obeys_its_sharded_graph(two_ranks: Launch, rank: int) -> None:
+    case = "tied-resident-clip-accum"
+    tied, config = CASES[case]
+    rank_config = TrainConfig(batch=GLOBAL_BATCH // 2, seq=SEQ, steps=STEPS, placement="small",
+                              **config)  # fmt: skip
+    base = plan(spec_of(model_config(tied)), load_machine(MACHINE), rank_config)
+    trace = Trace.from_json(two_ranks.record(case, rank)["trace"])
+    assert {s.lane for s in trace.spans} >= {"gpu", "h2d", "d2h", "cpu", "net"}
+    assert trace_violations(trace, shard_plan(base, 2, rank).graph) == []
 
 
 def test_two_ranks_under_random_delays(tmp_path: Path) -> None:
