@@ -35,6 +35,7 @@ from executor.runtime import Lanes, Shared, make_shared, wait_ops
 from executor.state import ReadState
 from slide_ir.config import TrainConfig
 from slide_ir.data_parallel import shard_plan
+from slide_ir.graph import GraphInfo
 from slide_ir.planner import Plan, plan
 
 log = logging.getLogger("executor.loop")
@@ -159,10 +160,10 @@ class Driver:
         shared: Shared | None = None
         try:
             while pr.done < self.steps and not pr.stop:
-                n = min(self.p.config.steps, self.steps - pr.done)
+                n = min(self.p.graph.info.steps, self.steps - pr.done)
                 if self.replan is not None and pr.done == 0:
                     n = min(n, REPLAN_AFTER)
-                if n < self.p.config.steps:  # the last repetition of a longer run: fewer steps
+                if n < self.p.graph.info.steps:  # the last repetition of a run: fewer steps
                     graph = graph_plan(self.p, n, env.ranks).graph
                 if shared is None or shared.graph is not graph:
                     shared = make_shared(env, graph, pr.recorder)
@@ -225,8 +226,8 @@ class _Repetition:
 
     def feed(self) -> None:
         self.fed += 1
-        env, p = self.d.run_.env, self.d.p
-        for mb in micro_batches(self.d.it, self.fed, p, self.base, env.cuda, env.ranks):
+        env, info = self.d.run_.env, self.d.p.graph.info
+        for mb in micro_batches(self.d.it, self.fed, info, self.base, env.cuda, env.ranks):
             env.batches.put(mb)
 
     def run(self) -> None:
@@ -302,22 +303,22 @@ class _Repetition:
 
 
 def micro_batches(
-    it: Batches, step: int, p: Plan, base: int, pin: bool, ranks: Ranks | None = None
+    it: Batches, step: int, info: GraphInfo, base: int, pin: bool, ranks: Ranks | None = None
 ) -> list[MicroBatch]:
     """The step's micro-batches, checked, each scaled by 1 / (labelled tokens of the step).
-    Data parallel: the data holds the global batch, each rank takes its rows (`p` is the
-    rank's plan), the scale counts every rank's tokens."""
+    Data parallel: the data holds the global batch, each rank takes its rows (`info` is the
+    rank's graph's), the scale counts every rank's tokens."""
     nproc, rank = (ranks.nproc, ranks.rank) if ranks is not None else (1, 0)
-    rows = slice(rank * p.config.batch, (rank + 1) * p.config.batch)
-    shape = (nproc * p.config.batch, p.config.seq)
+    rows = slice(rank * info.batch, (rank + 1) * info.batch)
+    shape = (nproc * info.batch, info.seq)
     raw = []
-    for micro in range(p.config.grad_accum):
+    for micro in range(info.grad_accum):
         try:
             ids, labels = next(it)
         except StopIteration:
             raise DataError(
                 f"the data ran out at step {base + step}, micro-batch {micro} (each step takes "
-                f"{p.config.grad_accum} micro-batches of {shape})"
+                f"{info.grad_accum} micro-batches of {shape})"
             ) from None
         for what, t in (("input_ids", ids), ("labels", labels)):
             if tuple(t.shape) != shape or t.dtype != torch.int64:

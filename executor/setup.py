@@ -99,7 +99,7 @@ class Run:
             "allocated_bytes": dict(env.buffers.allocated),
             "resident": _units_placed(self.plan.graph, UnitPlacement.RESIDENT),
             "streamed": _units_placed(self.plan.graph, UnitPlacement.STREAMED),
-            "clip": self.plan.config.clip,
+            "clip": "per-unit" if self.plan.graph.info.clip_norm else "none",
         }
 
 
@@ -118,15 +118,16 @@ def _units_placed(graph: Graph, where: UnitPlacement) -> list[int]:
 def _nvme(
     p: Plan, s: Setup, directories: NvmeDirs, act_bytes: int, cuda: bool, ranks: Ranks | None
 ) -> tuple[NvmeStore | None, StripeFormat | None]:
-    c = p.config
-    if c.optimizer == "cpu" and c.activations != "nvme":
+    optimizer = p.graph.info.optimizer
+    on_disk = {pool.role for pool in p.graph.pools} & {PoolRole.NVME_STATE, PoolRole.NVME_HIDDEN}
+    if not on_disk:
         return None, None
     drives = len(p.machine.nvme)
     fmt = StripeFormat(
-        drives=drives, master_on_nvme=c.optimizer == "nvme", moments_dtype=s.moments_dtype
+        drives=drives, master_on_nvme=optimizer == "nvme", moments_dtype=s.moments_dtype
     )
     sizes = {}
-    if c.optimizer != "cpu":
+    if optimizer != "cpu":
         on_nvme = [u for pool in p.graph.pools if pool.role == PoolRole.NVME_STATE
                    for u in pool.units]  # fmt: skip
         sizes = {u: stripe_bytes(s, s.shards[u].numel) for u in sorted(on_nvme)}
@@ -165,7 +166,7 @@ def shards(layouts: dict[int, UnitLayout], ranks: Ranks | None) -> dict[int, Sha
 
 
 def _setup(p: Plan, device: torch.device, dtype: torch.dtype, ranks: Ranks | None) -> Setup:
-    c, spec = p.config, p.model
+    info, spec = p.graph.info, p.model
     opt_on_nvme = {"cpu": (), "nvme": ("master", "moments"), "nvme-moments": ("moments",)}
     layouts = unit_layouts(spec)
     return Setup(
@@ -175,11 +176,11 @@ def _setup(p: Plan, device: torch.device, dtype: torch.dtype, ranks: Ranks | Non
         nproc=ranks.nproc if ranks is not None else 1,
         device=device,
         dtype=dtype,
-        moments_dtype=torch.float32 if c.moments_dtype == "fp32" else torch.bfloat16,
-        hidden_shape=(c.batch, c.seq, spec.hidden_size),
+        moments_dtype=torch.float32 if info.moments_dtype == "fp32" else torch.bfloat16,
+        hidden_shape=(info.batch, info.seq, spec.hidden_size),
         pin=device.type == "cuda",
-        stripes=len(p.machine.nvme) if c.optimizer != "cpu" else 0,
-        opt_on_nvme=opt_on_nvme[c.optimizer],
+        stripes=len(p.machine.nvme) if info.optimizer != "cpu" else 0,
+        opt_on_nvme=opt_on_nvme[info.optimizer],
     )
 
 
@@ -203,30 +204,30 @@ def build(
         state.check_names(s.layouts, initial_state, p.model.tied_embeddings)
     with phases("buffers"):
         buffers: Buffers = allocate(p.graph, s)
-    c = p.config
-    act_bytes = c.batch * c.seq * p.model.hidden_size * dtype.itemsize
+    info = p.graph.info
+    act_bytes = info.batch * info.seq * p.model.hidden_size * dtype.itemsize
     store, fmt = _nvme(p, s, nvme_dir, act_bytes, device.type == "cuda", ranks)
     env = Env(
         spec=p.model,
         layouts=s.layouts,
         shards=s.shards,
         buffers=buffers,
-        rope=layers.make_rope(p.model, c.seq, device, dtype),
+        rope=layers.make_rope(p.model, info.seq, device, dtype),
         device=device,
         dtype=dtype,
         cuda=device.type == "cuda",
         optim=optim,
         step_offset=step_offset,
         total_steps=total_steps,
-        lce_chunk=p.graph.info.lce_chunk or None,
-        grad_accum=p.graph.info.grad_accum,
-        loss_dev=torch.zeros(c.steps, dtype=torch.float32, device=device),
-        loss_host=torch.zeros(c.steps, dtype=torch.float32, pin_memory=s.pin),
+        lce_chunk=info.lce_chunk or None,
+        grad_accum=info.grad_accum,
+        loss_dev=torch.zeros(info.steps, dtype=torch.float32, device=device),
+        loss_host=torch.zeros(info.steps, dtype=torch.float32, pin_memory=s.pin),
         step_t=torch.zeros((), dtype=torch.float32, device=device),
         abort=threading.Event(),
         act_bytes=act_bytes,
         moments_bf16=s.moments_dtype == torch.bfloat16,
-        clip_norm=c.clip_norm if c.clip == "per-unit" else None,
+        clip_norm=info.clip_norm or None,
         nvme=store,
         stripes=fmt,
         ranks=ranks,

@@ -249,6 +249,11 @@ class GraphInfo:
     flops_per_step: float  # model FLOPs of one step (6N-style, with attention; no recompute)
     placement: tuple[UnitPlacement, ...] = ()  # per unit 0..n+1 (empty: not a single-GPU plan)
     lce_chunk: int = 0  # tokens per chunk of the fused loss (0: the whole micro-batch at once)
+    optimizer: str = "cpu"  # where host-updated units' state lives: cpu | nvme | nvme-moments
+    moments_dtype: str = "fp32"  # of the Adam moments: fp32 | bf16
+    clip_norm: float = (
+        0.0  # per-unit gradient clipping's max norm, right before each update (0: none)
+    )
 
     @property
     def tokens_per_step(self) -> int:

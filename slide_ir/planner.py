@@ -91,6 +91,9 @@ def build_graph(
         flops_per_step=model_flops_per_step(model, config),
         placement=unit_placement(model, config, ledger),
         lce_chunk=lce_chunk_tokens(model, config),
+        optimizer=str(config.optimizer),
+        moments_dtype=str(config.moments_dtype),
+        clip_norm=config.clip_norm if config.clip == "per-unit" else 0.0,
     )
     return ctx.b.build(info, check=check)
 
