@@ -35,6 +35,10 @@ CASES: dict[str, tuple[bool, dict]] = {
         {"activations": "cpu", "streamed": 0, "clip": "per-unit", "clip_norm": 0.05},
     ),
     "nvme-optimizer": (True, {"optimizer": "nvme", "drives": 2}),
+    "nvme-activations-moments": (
+        False,
+        {"activations": "nvme", "optimizer": "nvme-moments", "drives": 2},
+    ),
     "fast": (False, {"placement": "fast"}),  # what the placement search picks
 }
 
