@@ -85,7 +85,7 @@ def rank_plan(p: Plan, ranks: Ranks) -> Plan:
 @dataclass(frozen=True, slots=True)
 class Saver:
     every: int
-    on_save: OnSave
+    on_save: OnSave | None  # None on a data-parallel rank that only serves rank 0's reads
 
     def due(self, global_step: int) -> bool:
         return global_step % self.every == 0
@@ -94,13 +94,20 @@ class Saver:
         """On rank 0 of a data-parallel run; the other ranks serve its reads meanwhile."""
         if run.env.cuda:
             torch.cuda.synchronize(run.env.device)
-        state_mod.read_on_main(run.env, lambda read: self.on_save(global_step, read))
+        on_save = self.on_save
+        state_mod.read_on_main(run.env, lambda read: on_save and on_save(global_step, read))
 
 
 # (the plan whose graph ran, busy seconds per lane over `steps`, steps) -> the plan and engine to
 # go on with, or None to keep the running ones (`executor.train` re-plans; see slide_ir.refit)
 Replan = Callable[[Plan, dict[str, float], set[int]], "tuple[Plan, setup_mod.Run] | None"]
 REPLAN_AFTER = 6  # steps of the first repetition when re-planning: warm-up + 5 steady steps
+
+
+def _tell(ranks: Ranks, exc: BaseException) -> None:
+    """Publish this rank's own failure (not one another rank caused)."""
+    if ranks.failure_of(exc) is None:
+        ranks.fail(f"{type(exc).__name__}: {exc}")
 
 
 @dataclass(kw_only=True)
@@ -186,7 +193,9 @@ class Driver:
                         if pr.done < self.window.first:
                             self.trace_info = graph.info
                         lanes = Lanes(env, graph.lanes(), self.cpu_threads)
-        except BaseException:
+        except BaseException as exc:
+            if env.ranks is not None:  # tell the other ranks first: they may be waiting on us
+                _tell(env.ranks, shared.error[0] if shared is not None and shared.error else exc)
             lanes.stop(shared, abort=True)  # a lane's error, if any, wins
             raise
         lanes.stop(shared, abort=pr.stop)

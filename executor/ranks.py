@@ -97,6 +97,19 @@ class Ranks:
         with contextlib.suppress(Exception):  # the store's host may be gone already
             self.store.compare_set(_FAILED, "", f"rank {self.rank}: {message}")
 
+    def failure_of(self, exc: BaseException) -> RankFailure | None:
+        """What stopped this rank when `exc` did, if another rank did: the failure it
+        published, or (a collective broke and nothing was published) a rank that died
+        without a word. None: `exc` is this rank's own."""
+        peer = self.peer_failure()
+        if peer is not None:
+            who, _, what = peer.partition(": ")
+            return RankFailure(f"{who} failed: {what}")
+        if _broken_collective(exc):
+            return RankFailure(f"a rank stopped without saying why (killed, or out of memory?): "
+                               f"{str(exc).splitlines()[0][:200]}")  # fmt: skip
+        return None
+
     def peer_failure(self) -> str | None:
         """What another rank published with `fail`, if it did."""
         if self.store is None:
@@ -112,6 +125,13 @@ class Ranks:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _broken_collective(exc: BaseException) -> bool:
+    """A collective failed because a peer's end went away (gloo's transport says so; NCCL's
+    errors are `DistError`s)."""
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or "gloo" in text or "closed by peer" in text
 
 
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

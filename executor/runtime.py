@@ -169,6 +169,9 @@ def make_shared(env: Env, graph: Graph, recorder: Recorder) -> Shared:
     )
 
 
+JOIN_FAILED_RANK_S = 10.0
+
+
 class Lanes:
     """The run's lane workers: started once, handed each repetition of the graph in turn."""
 
@@ -191,8 +194,11 @@ class Lanes:
             shared.env.abort.set()
         for w in self.workers:
             w.inbox.put(None)
+        # a failing rank's lane may be inside a collective its peers will never join: it is
+        # left behind (a daemon) so the process can exit and close its connections
+        stuck_after = JOIN_FAILED_RANK_S if abort and shared and shared.env.ranks else None
         for w in self.workers:
-            w.join()
+            w.join(stuck_after)
         if shared is not None and shared.error:
             raise shared.error[0]
 

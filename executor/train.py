@@ -37,7 +37,7 @@ from executor.loop import (
     rank_plan,
 )
 from executor.phases import Phases
-from executor.ranks import RankFailure, Ranks
+from executor.ranks import Ranks
 from executor.recording import DEFAULT_TRACE_STEPS, StepWindow
 from executor.state import ReadState, read_on_main
 from slide_ir import refit
@@ -213,7 +213,7 @@ def train(
                 steps=config.steps,
                 start_step=start_step,
                 on_step=on_step,
-                saver=Saver(save_every, on_save) if on_save and save_every else None,
+                saver=Saver(save_every, on_save) if save_every and (on_save or ranks) else None,
                 window=window,
                 log_every=log_every,
                 cpu_threads=optimizer_threads(p.config) if run.env.cuda else None,
@@ -281,9 +281,9 @@ def _telling(ranks: Ranks | None) -> Iterator[None]:
     except BaseException as exc:
         if ranks is None:
             raise
-        peer = ranks.peer_failure()
-        if peer is not None:
-            raise RankFailure(f"{peer} (this is rank {ranks.rank}, stopped by it)") from exc
+        failure = ranks.failure_of(exc)
+        if failure is not None:
+            raise failure from exc
         ranks.fail(f"{type(exc).__name__}: {exc}")
         raise
 

@@ -89,18 +89,26 @@ class RunDir:
     ) -> RunDir:
         """Check OUT may be written (refusing before anything is created), lock it, clean up
         what a killed run left."""
-        if keep < 1:
-            raise UserError(f"--keep must be at least 1 (checkpoints kept), got {keep}")
         root = Path(out)
-        if root.exists() and not root.is_dir():
-            raise UserError(f"--out {root} is a file: name a directory (new or Slide's own)")
-        lineage = _check_writable(root, overwrite=overwrite, resumed=resumed)
+        lineage = cls.check(root, keep=keep, overwrite=overwrite, resumed=resumed)
         run = cls(root, keep=keep, lineage=lineage)
         run._lock()
         run._clean_partial()
         if not (root / MARKER).is_file():
             write_atomic(root / MARKER, json.dumps({"exported": []}))
         return run
+
+    @staticmethod
+    def check(
+        out: str | Path, *, keep: int, overwrite: bool, resumed: tuple[Path, int] | None
+    ) -> list[int]:
+        """What `open` refuses, refused without creating anything; the lineage it continues."""
+        if keep < 1:
+            raise UserError(f"--keep must be at least 1 (checkpoints kept), got {keep}")
+        root = Path(out)
+        if root.exists() and not root.is_dir():
+            raise UserError(f"--out {root} is a file: name a directory (new or Slide's own)")
+        return _check_writable(root, overwrite=overwrite, resumed=resumed)
 
     def _lock(self) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)

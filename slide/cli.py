@@ -23,7 +23,7 @@ GPU_STACK = ("torch", "triton", "transformers", "safetensors")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slide",
-        description="Plan, simulate and run layer-sliding full fine-tuning on one GPU.",
+        description="Plan, simulate and run layer-sliding full fine-tuning on one GPU or several.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a launcher's ranks re-run
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
@@ -49,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except StopRun as exc:
-        print(f"slide {args.command}: {exc}", file=sys.stderr)
+        if str(exc):  # a data-parallel rank other than 0 ends quietly where rank 0 speaks
+            print(f"slide {args.command}: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         print(f"slide {args.command}: interrupted", file=sys.stderr)

@@ -15,6 +15,8 @@ import itertools
 import json
 import logging
 import math
+import os
+import shutil
 import signal
 import threading
 from collections.abc import Iterator, Mapping
@@ -30,6 +32,7 @@ from executor.checkpoint import initial_weights
 from executor.data import CORPUS, TokenStream, batches, load_token_stream
 from executor.loop import graph_config, graph_plan
 from executor.phases import Phases, since_process_start
+from executor.ranks import Ranks
 from executor.recording import DEFAULT_TRACE_STEPS
 from executor.tokenizer import build_tiny_tokenizer
 from executor.train import (
@@ -46,6 +49,7 @@ from slide.fileio import write_atomic
 from slide.resume import Resumed, read_checkpoint, state_json
 from slide.saving import Checkpointer, StateWriter
 from slide_ir.config import TrainConfig
+from slide_ir.data_parallel import plan_data_parallel
 from slide_ir.hardware import Machine, load_machine, with_drives
 from slide_ir.model import ModelSpec, load_model
 from slide_ir.planner import Plan, plan, plan_from_json
@@ -114,20 +118,73 @@ STARTUP = (
 SHUTDOWN = ("steps", "save", "release", "report")
 
 
-def run_training(req: TrainRequest) -> dict[str, Any]:
+def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any]:
     """Train as `req` says; the summary's `interrupted` tells whether Ctrl-C ended it, its
-    `startup` and `shutdown` where the wall time went before the first step and after it."""
+    `startup` and `shutdown` where the wall time went before the first step and after it.
+    Data parallel (`ranks`): every rank reads the data and `--resume`; rank 0 alone writes
+    (progress, metrics, traces, checkpoints), the others run with no outputs."""
     phases = Phases()
     phases.add("imports", since_process_start())  # from the command to here
+    if ranks is not None and not ranks.is_main:
+        req = replace(req, out=None, metrics=None, trace=None, save_trace=None, gantt=None,
+                      progress=False)  # fmt: skip
+    ready = _prepare(req, phases, ranks.nproc if ranks else 1)
+    req, resumed = ready.req, ready.resumed
+    with phases("weights source"):
+        weights = resumed.weights if resumed else _initial(req, ready.the_plan.model)
+    with phases("output directory"):
+        run_dir = _open_out(req, resumed)
+    replan = req.replan and ranks is None and ready.saved is None and ready.device.type == "cuda"
+    request = graph_config(ready.remaining) if replan else None
+    try:
+        return _run(req, ready.the_plan, ready.optim, ready.data, weights, resumed, run_dir,
+                    phases, request, ranks)  # fmt: skip
+    finally:
+        if run_dir is not None:
+            run_dir.close()
+
+
+def check_training(req: TrainRequest, nproc: int) -> None:
+    """Refuse, before any rank starts, what `nproc` ranks would refuse (`slide.launch`)."""
+    ready = _prepare(req, Phases(), nproc)
+    if ready.device.type == "cuda" and nproc > torch.cuda.device_count():
+        raise UserError(f"--nproc {nproc}: this host has {torch.cuda.device_count()} CUDA "
+                        "devices (one per rank)")  # fmt: skip
+    if req.out:
+        at = (ready.resumed.directory, ready.resumed.steps_done) if ready.resumed else None
+        RunDir.check(req.out, keep=req.keep, overwrite=req.overwrite, resumed=at)
+
+
+def device_of(req: TrainRequest) -> torch.device:
+    device = torch.device(req.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is visible here (use --device cpu)")
+    return device
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ready:
+    """A request checked and resolved, nothing of the model built yet."""
+
+    req: TrainRequest  # a saved plan's config in place of the command line's
+    device: torch.device
+    saved: Plan | None
+    optim: AdamWConfig
+    resumed: Resumed | None
+    remaining: TrainConfig  # the steps still to run (the global batch)
+    the_plan: Plan  # data parallel: one rank's single-GPU plan, at batch / nproc
+    data: Iterator[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
+    """Everything the user can get wrong, checked before any weight is touched."""
     if req.log_every < 1:
         raise UserError(f"--log-every must be a step count >= 1, got {req.log_every}")
     if req.save_every < 0:
         raise UserError(
             f"--save-every must be 0 (only at the end) or a step count, got {req.save_every}"
         )
-    device = torch.device(req.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is visible here (use --device cpu)")
+    device = device_of(req)
     with phases("model spec"):
         saved = _saved_plan(req.plan_file)
         spec = saved.model if saved else load_model(req.model)
@@ -153,28 +210,36 @@ def run_training(req: TrainRequest) -> dict[str, Any]:
     optim = replace(optim, total_steps=resumed.total_steps if resumed else req.config.steps)
     remaining = replace(req.config, steps=req.config.steps - start)
     with phases("plan"):
-        the_plan = (
-            graph_plan(saved, remaining.steps)
-            if saved
-            else plan(spec, machine, graph_config(remaining))
-        )
+        the_plan = _plan(saved, spec, machine, remaining, nproc)
         try:
-            check_feasible(the_plan, device)
+            if nproc == 1:  # N ranks: checked sharded (`_plan`), and again by each rank
+                check_feasible(the_plan, device)
         except InfeasiblePlanError as exc:
             raise UserError(str(exc)) from None
     with phases("data"):
         data = _data(req, spec, start)
-    with phases("weights source"):
-        weights = resumed.weights if resumed else _initial(req, spec)
-    with phases("output directory"):
-        run_dir = _open_out(req, resumed)
-    replan = req.replan and saved is None and device.type == "cuda"
-    request = graph_config(remaining) if replan else None
-    try:
-        return _run(req, the_plan, optim, data, weights, resumed, run_dir, phases, request)
-    finally:
-        if run_dir is not None:
-            run_dir.close()
+    return _Ready(req=req, device=device, saved=saved, optim=optim, resumed=resumed,
+                  remaining=remaining, the_plan=the_plan, data=data)  # fmt: skip
+
+
+def _plan(
+    saved: Plan | None, spec: ModelSpec, machine: Machine, config: TrainConfig, nproc: int
+) -> Plan:
+    """The plan to run: a saved one, or planned here; with `nproc` ranks, one rank's (at
+    batch / nproc, its state sharded when the executor runs it), checked to fit N ranks."""
+    if nproc == 1:
+        return (
+            graph_plan(saved, config.steps) if saved else plan(spec, machine, graph_config(config))
+        )
+    if saved:
+        raise UserError("--plan runs a single-GPU plan: drop --plan, or --nproc")
+    dp = plan_data_parallel(spec, machine, graph_config(config), nproc)
+    for tier, short in dp.overflows():
+        where = "each rank's GPU" if tier == "gpu" else f"the host's {tier}"
+        raise UserError(f"{nproc} ranks do not fit {machine.name}: {where} needs "
+                        f"{short / 2**30:.2f} GiB more than its "
+                        f"{dp.capacity_bytes(tier) / 2**30:.2f} GiB")  # fmt: skip
+    return dp.base
 
 
 def _open_out(req: TrainRequest, resumed: Resumed | None) -> RunDir | None:
@@ -194,6 +259,7 @@ def _run(
     run_dir: RunDir | None,
     phases: Phases,
     replan_request: TrainConfig | None,
+    ranks: Ranks | None,
 ) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
     ckpt = _checkpointer(req, the_plan.model, optim, run_dir) if run_dir else None
@@ -215,7 +281,7 @@ def _run(
             result = train(
                 the_plan.model,
                 the_plan.machine,
-                replace(the_plan.config, steps=req.config.steps - start),
+                replace(the_plan.config, steps=req.config.steps - start, batch=req.config.batch),
                 initial_state=weights,
                 the_plan=the_plan,
                 batches=data,
@@ -234,6 +300,7 @@ def _run(
                 on_finish=final_save,
                 hand_back=False,
                 replan_request=replan_request,
+                ranks=ranks,
             )
             stop.finishing()
             done = start + result.steps_done
@@ -383,8 +450,22 @@ def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
 def _token_stream(req: TrainRequest, spec: ModelSpec) -> TokenStream:
     if req.data:
         return load_token_stream(req.data, tokenizer_dir=req.tokenizer)
-    tokenizer = req.tokenizer or build_tiny_tokenizer(TINY_TOKENIZER)
+    tokenizer = req.tokenizer or _tiny_tokenizer()
     return load_token_stream(CORPUS, tokenizer_dir=tokenizer)
+
+
+def _tiny_tokenizer() -> Path:
+    """The bundled corpus's tokenizer, built once per user: aside, then renamed into place
+    (the ranks torchrun starts together may all build it; the first rename wins)."""
+    if (TINY_TOKENIZER / "tokenizer.json").is_file():
+        return TINY_TOKENIZER
+    aside = TINY_TOKENIZER.with_name(f".tmp-{TINY_TOKENIZER.name}-{os.getpid()}")
+    build_tiny_tokenizer(aside)
+    try:
+        aside.rename(TINY_TOKENIZER)
+    except OSError:  # another process's is in place
+        shutil.rmtree(aside, ignore_errors=True)
+    return TINY_TOKENIZER
 
 
 # -- checkpoints ---------------------------------------------------------------------------------

@@ -4,13 +4,18 @@ Everything the user can get wrong (model, machine, data, plan feasibility, resum
 an `--out` holding someone else's files) is checked before the model's weights are touched.
 Checkpoints are complete or absent (see slide/checkpoints.py); Ctrl-C finishes the step in
 flight, saves and exits 130; a second Ctrl-C aborts at once.
+
+`--nproc N` trains N data-parallel ranks: this process checks the request, then starts them
+the torchrun way (`slide.launch`); a process torchrun started is one of the ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
+from typing import TYPE_CHECKING
 
 from slide.commands.common import (
     add_machine_overrides,
@@ -21,8 +26,12 @@ from slide.commands.common import (
 )
 from slide.errors import StopRun, UserError
 
+if TYPE_CHECKING:
+    from executor.ranks import Ranks
+    from slide.training import TrainRequest
+
 NAME = "train"
-HELP = "fine-tune all parameters of a model on one GPU (or the CPU), sliding its layers"
+HELP = "fine-tune all parameters of a model on one GPU or N (--nproc), sliding its layers"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_machine_overrides(parser)
     add_train_config(parser)
     parser.set_defaults(steps=20, batch=4, seq=128)
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        help="data-parallel ranks, one GPU each (gloo on --device cpu): --batch is the global "
+        "batch, each rank taking batch / nproc; under torchrun, leave it out or give its "
+        "WORLD_SIZE [1]",
+    )
     parser.add_argument("--plan", help="run a saved plan (slide plan --out); overrides the above")
     parser.add_argument(
         "--data", help="JSONL, text (needs --tokenizer) or 1-D token-id .npy [bundled corpus]"
@@ -111,9 +127,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slide.training import TrainRequest, run_training  # torch only when training
+    from slide import launch
+    from slide.training import check_training, device_of  # torch only when training
 
-    request = TrainRequest(
+    request = _request(args)
+    world = launch.torchrun_world()
+    if world is None and args.nproc not in (None, 1):
+        check_training(request, args.nproc)  # nothing starts before the request is checked
+        return launch.launch(args.argv, args.nproc, verbose=args.verbose)
+    if world is not None and args.nproc not in (None, world):
+        raise UserError(f"--nproc {args.nproc}, but torchrun started {world} ranks: "
+                        "leave --nproc out under torchrun, or give the same count")  # fmt: skip
+    if world is None:
+        return _train(args, request, None)
+    from executor.ranks import init_from_env
+
+    launch.die_with_launcher()
+    ranks = init_from_env(device_of(request).type)
+    if ranks is None:  # torchrun started one rank
+        return _train(args, request, None)
+    if not ranks.is_main and not args.verbose:  # rank 0 speaks for the run
+        logging.getLogger().setLevel(logging.ERROR)
+    try:
+        with launch.rank_errors(ranks):
+            return _train(args, request, ranks)
+    finally:
+        ranks.close()
+
+
+def _train(args: argparse.Namespace, request: TrainRequest, ranks: Ranks | None) -> int:
+    from slide.training import run_training
+
+    try:
+        summary = run_training(request, ranks)
+    except (StopRun, KeyboardInterrupt) as stop:
+        if isinstance(stop, KeyboardInterrupt) or stop.code == 130:
+            _exiting_after_ctrl_c()
+        raise
+    if summary["interrupted"]:
+        _exiting_after_ctrl_c()
+    if ranks is not None and not ranks.is_main:
+        if summary["interrupted"]:
+            raise StopRun("", code=130)  # rank 0 says what it saved
+        return 0
+    print(json.dumps(summary, indent=2))
+    if summary["interrupted"]:
+        saved = (
+            f"checkpoint {summary['checkpoint']}; continue with --resume {args.out}"
+            if summary["checkpoint"]
+            else "nothing saved (no --out)"
+        )
+        raise StopRun(f"interrupted after step {summary['steps_done']}: {saved}", code=130)
+    return 0
+
+
+def _request(args: argparse.Namespace) -> TrainRequest:
+    from slide.training import TrainRequest
+
+    return TrainRequest(
         model=args.model,
         machine=args.machine,
         ram_gb=args.ram_gb,
@@ -148,23 +219,6 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         replan=not args.no_replan,
     )
-    try:
-        summary = run_training(request)
-    except (StopRun, KeyboardInterrupt) as stop:
-        if isinstance(stop, KeyboardInterrupt) or stop.code == 130:
-            _exiting_after_ctrl_c()
-        raise
-    if summary["interrupted"]:
-        _exiting_after_ctrl_c()
-    print(json.dumps(summary, indent=2))
-    if summary["interrupted"]:
-        saved = (
-            f"checkpoint {summary['checkpoint']}; continue with --resume {args.out}"
-            if summary["checkpoint"]
-            else "nothing saved (no --out)"
-        )
-        raise StopRun(f"interrupted after step {summary['steps_done']}: {saved}", code=130)
-    return 0
 
 
 def _betas(text: str) -> tuple[float, float]:

@@ -137,7 +137,9 @@ def test_a_failing_rank_stops_every_rank_naming_its_error(tmp_path: Path) -> Non
     run = launch(tmp_path, 2, ["fail"], timeout=120)
     assert run.codes[0] != 0 and run.codes[1] != 0
     assert "ValueError: boom at step 2" in run.stderr[1]
-    assert "RankFailure: rank 1: ValueError: boom at step 2" in run.stderr[0], run.stderr[0][-3000:]
+    assert "RankFailure: rank 1 failed: ValueError: boom at step 2" in run.stderr[0], run.stderr[0][
+        -3000:
+    ]
 
 
 LEDGER_CASES = {
