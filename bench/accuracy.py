@@ -21,12 +21,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from simulator.run import simulate_plan
-from slide_ir.config import TrainConfig
-from slide_ir.graph import Graph, OpKind, load_versioned
-from slide_ir.hardware import load_machine
-from slide_ir.ledger import CUDA_CONTEXT_BYTES
-from slide_ir.planner import PLAN_VERSION
-from slide_ir.trace import Trace, trace_metrics
+from slide_ir.ir.graph import Graph, OpKind, load_versioned
+from slide_ir.ir.trace import Trace, trace_metrics
+from slide_ir.planning.ledger import CUDA_CONTEXT_BYTES
+from slide_ir.planning.planner import PLAN_VERSION
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import load_machine
 
 
 def busy(trace: Trace, steps: set[int]) -> dict[str, float]:

@@ -36,7 +36,7 @@ import sys
 import torch
 from slide.training import TrainRequest, resolve_machine
 from slide_ir import TrainConfig
-from slide_ir.hardware import machine_to_toml
+from slide_ir.specs.hardware import machine_to_toml
 
 request = TrainRequest(model="llama-3.2-3b", machine="auto", config=TrainConfig(batch=16, seq=1024))
 machine = resolve_machine(request, torch.device("cuda"))

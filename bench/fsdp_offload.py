@@ -34,7 +34,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 import kernels
 from bench.train_throughput import RssPeak, random_batches
 from kernels import reference
-from slide_ir.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec, load_model
 
 log = logging.getLogger("bench")
 

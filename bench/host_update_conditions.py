@@ -20,7 +20,7 @@ import torch
 
 from executor.adam import AdamWConfig, HostScratch, StepHp, update_host
 from executor.buffers import HostMemory
-from executor.calibrate import HostUnit, _DmaLoad, _WholeBuffer, host_update_units
+from slide.calibration.gpu_probes import HostUnit, _DmaLoad, _WholeBuffer, host_update_units
 
 LAYER = 100_663_296  # one llama-3.2-3b decoder layer
 THREADS = 12

@@ -28,13 +28,13 @@ import sys
 from dataclasses import dataclass, replace
 
 from simulator.layout import simulate_layout
-from slide_ir.hardware import load_gpu, load_machine
-from slide_ir.layout import Layout, balanced_split, bubble, layout_problems
-from slide_ir.layout_cluster import Cluster, load_cluster
-from slide_ir.layout_ledger import build_layout_ledger
-from slide_ir.layout_models import load_layout_model
-from slide_ir.layout_search import Estimate, search, time_memory_front
-from slide_ir.model import ModelSpec
+from slide_ir.layouts.cluster import Cluster, load_cluster
+from slide_ir.layouts.ledger import build_layout_ledger
+from slide_ir.layouts.models import load_layout_model
+from slide_ir.layouts.plan import Layout, balanced_split, bubble, layout_problems
+from slide_ir.layouts.search import Estimate, search, time_memory_front
+from slide_ir.specs.hardware import load_gpu, load_machine
+from slide_ir.specs.model import ModelSpec
 
 
 @dataclass(frozen=True)

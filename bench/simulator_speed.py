@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulator.dram import simulate_shared_dram
 from simulator.run import simulate_plan
-from slide_ir.config import TrainConfig
-from slide_ir.cost import CostModel
-from slide_ir.hardware import load_machine
-from slide_ir.model import load_model
-from slide_ir.planner import plan
-from slide_ir.trace import trace_metrics
+from slide_ir.ir.trace import trace_metrics
+from slide_ir.planning.cost import CostModel
+from slide_ir.planning.planner import plan
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import load_machine
+from slide_ir.specs.model import load_model
 
 MACHINE = "paper-server-a100"
 RAM_GB = 2048  # mistral-large-2's optimizer state needs ~1.7 TB of RAM: make the plan fit

@@ -27,14 +27,14 @@ import psutil
 import torch
 
 from executor.adam import AdamWConfig
-from executor.checkpoint import param_names, param_shape
 from executor.train import train
 from kernels import fused_linear_cross_entropy
-from slide_ir.config import TrainConfig, parse_count_or_auto
-from slide_ir.hardware import load_machine
-from slide_ir.model import ModelSpec, load_model
-from slide_ir.planner import plan, plan_to_json
-from slide_ir.trace import trace_metrics
+from slide.weights import param_names, param_shape
+from slide_ir.ir.trace import trace_metrics
+from slide_ir.planning.planner import plan, plan_to_json
+from slide_ir.specs.config import TrainConfig, parse_count_or_auto
+from slide_ir.specs.hardware import load_machine
+from slide_ir.specs.model import ModelSpec, load_model
 
 log = logging.getLogger("bench")
 

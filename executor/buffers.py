@@ -27,8 +27,8 @@ import torch
 
 from executor.layout import Shard, UnitLayout
 from executor.nvme_io import aligned_empty
-from slide_ir.graph import Graph, Pool, PoolRole, Tier, Value
-from slide_ir.model import ModelSpec
+from slide_ir.ir.graph import Graph, Pool, PoolRole, Tier, Value
+from slide_ir.specs.model import ModelSpec
 
 log = logging.getLogger("executor.buffers")
 

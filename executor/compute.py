@@ -26,7 +26,7 @@ from executor import adam, layers
 from executor.buffers import GpuUnit
 from executor.env import Env, LaneState
 from executor.tape import Tape
-from slide_ir.graph import Op, Value
+from slide_ir.ir.graph import Op, Value
 
 
 def _leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

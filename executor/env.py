@@ -23,8 +23,8 @@ from executor.layout import Shard, UnitLayout
 from executor.nvme import NvmeStore, StripeFormat
 from executor.ranks import Ranks
 from executor.tape import Tape
-from slide_ir.graph import PoolRole, Value
-from slide_ir.model import ModelSpec
+from slide_ir.ir.graph import PoolRole, Value
+from slide_ir.specs.model import ModelSpec
 
 _POLL_S = 0.05
 

@@ -22,7 +22,7 @@ import torch
 from executor import adam, compute
 from executor.buffers import OptState
 from executor.env import Env, LaneState
-from slide_ir.graph import Op, OpKind, PoolRole, Value, lane_index
+from slide_ir.ir.graph import Op, OpKind, PoolRole, Value, lane_index
 
 Handler = Callable[[Env, LaneState, Op], None]
 R = PoolRole

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from executor import fused
 from kernels import rope_cos_sin
-from slide_ir.model import ModelSpec
+from slide_ir.specs.model import ModelSpec
 
 Params = Mapping[str, torch.Tensor]
 

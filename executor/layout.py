@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slide_ir.model import ModelSpec
+from slide_ir.specs.model import ModelSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

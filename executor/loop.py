@@ -33,10 +33,10 @@ from executor.ranks import Ranks
 from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
 from executor.state import ReadState
-from slide_ir.config import TrainConfig
-from slide_ir.data_parallel import shard_plan
-from slide_ir.graph import GraphInfo
-from slide_ir.planner import Plan, plan
+from slide_ir.ir.graph import GraphInfo
+from slide_ir.planning.data_parallel import shard_plan
+from slide_ir.planning.planner import Plan, plan
+from slide_ir.specs.config import TrainConfig
 
 log = logging.getLogger("executor.loop")
 
@@ -78,7 +78,7 @@ def graph_plan(p: Plan, steps: int, ranks: Ranks | None = None) -> Plan:
 
 def rank_plan(p: Plan, ranks: Ranks) -> Plan:
     """One rank's single-GPU plan `p` (at the rank's batch) with its graph sharded for rank
-    `ranks.rank` of `ranks.nproc` (`slide_ir.data_parallel`)."""
+    `ranks.rank` of `ranks.nproc` (`slide_ir.planning.data_parallel`)."""
     return replace(p, graph=shard_plan(p, ranks.nproc, ranks.rank).graph)
 
 
@@ -99,7 +99,7 @@ class Saver:
 
 
 # (the plan whose graph ran, busy seconds per lane over `steps`, steps) -> the plan and engine to
-# go on with, or None to keep the running ones (`executor.train` re-plans; see slide_ir.refit)
+# go on with, or None to keep the running ones (`executor.train` re-plans; see slide_ir.planning.refit)
 Replan = Callable[[Plan, dict[str, float], set[int]], "tuple[Plan, setup_mod.Run] | None"]
 REPLAN_AFTER = 6  # steps of the first repetition when re-planning: warm-up + 5 steady steps
 

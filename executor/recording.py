@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from slide_ir.graph import Op
-from slide_ir.trace import MemorySample, Span
+from slide_ir.ir.graph import Op
+from slide_ir.ir.trace import MemorySample, Span
 
 DEFAULT_TRACE_STEPS = (1, 4)  # step 1 (warm-up) and the first steady steps, for Gantt charts
 

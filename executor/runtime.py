@@ -32,7 +32,7 @@ from executor.completion import Aborted, Completions
 from executor.env import Env, LaneState
 from executor.handlers import HANDLERS
 from executor.recording import Recorder
-from slide_ir.graph import Graph, Op, lane_kind
+from slide_ir.ir.graph import Graph, Op, lane_kind
 
 log = logging.getLogger("executor.runtime")
 

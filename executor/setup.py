@@ -25,9 +25,9 @@ from executor.layout import Shard, UnitLayout, shard_of, unit_layouts
 from executor.nvme import NvmeDirs, NvmeStore, StripeFormat, backend_for
 from executor.phases import Phases
 from executor.ranks import Ranks
-from slide_ir.graph import Graph, OpKind, PoolRole, Tier, UnitPlacement, lane_index
-from slide_ir.planner import Plan
-from slide_ir.trace import MemorySample
+from slide_ir.ir.graph import Graph, OpKind, PoolRole, Tier, UnitPlacement, lane_index
+from slide_ir.ir.trace import MemorySample
+from slide_ir.planning.planner import Plan
 
 
 @dataclass(kw_only=True)

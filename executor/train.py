@@ -40,13 +40,13 @@ from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.recording import DEFAULT_TRACE_STEPS, StepWindow
 from executor.state import ReadState, read_on_main
-from slide_ir import refit
-from slide_ir.config import TrainConfig
-from slide_ir.data_parallel import check_nproc, shard_plan
-from slide_ir.hardware import Machine
-from slide_ir.model import ModelSpec
-from slide_ir.planner import Plan, plan
-from slide_ir.trace import MemorySample, Trace
+from slide_ir.ir.trace import MemorySample, Trace
+from slide_ir.planning import refit
+from slide_ir.planning.data_parallel import check_nproc, shard_plan
+from slide_ir.planning.planner import Plan, plan
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine
+from slide_ir.specs.model import ModelSpec
 
 log = logging.getLogger("executor.train")
 
@@ -117,7 +117,7 @@ def train(
     replan_request: the configuration `the_plan` was planned from, its "auto" choices unresolved:
     after the first steady steps the run re-fits the machine profile to its measured lanes and,
     where the placement search then chooses a placement predicted >= 3% faster, moves the state
-    into an engine built for it and goes on (`slide_ir.refit`; `meta["replan"]` says what was
+    into an engine built for it and goes on (`slide_ir.planning.refit`; `meta["replan"]` says what was
     decided and why). The move holds the old and the new engine's host memory at once, so it is
     made only when the machine's RAM holds both.
 

@@ -27,7 +27,7 @@ import torch
 from IPython.display import Image, display
 
 from slide.training import TrainRequest, run_training
-from slide_ir.config import TrainConfig
+from slide_ir.specs.config import TrainConfig
 
 OUT = Path(tempfile.mkdtemp())
 request = TrainRequest(

@@ -28,7 +28,7 @@ from IPython.display import Image, display
 
 from slide.api import simulate
 from slide.gantt import plot_gantt, plot_gantt_pair
-from slide_ir.trace import Trace, trace_metrics
+from slide_ir.ir.trace import Trace, trace_metrics
 
 OUT = Path(tempfile.mkdtemp())  # pictures go to a scratch directory, not the repository
 measured_file = next(iter(sorted(Path("data").glob("measured_*.trace.json"))), None)

@@ -21,11 +21,11 @@
 import matplotlib.pyplot as plt
 
 from simulator.layout import simulate_layout
-from slide_ir.layout import Layout
-from slide_ir.layout_cluster import load_cluster
-from slide_ir.layout_ledger import build_layout_ledger
-from slide_ir.layout_models import load_layout_model
-from slide_ir.layout_search import search, time_memory_front
+from slide_ir.layouts.cluster import load_cluster
+from slide_ir.layouts.ledger import build_layout_ledger
+from slide_ir.layouts.models import load_layout_model
+from slide_ir.layouts.plan import Layout
+from slide_ir.layouts.search import search, time_memory_front
 
 CASES = [
     ("llama-3.1-70b", "h100-8gpu-node",

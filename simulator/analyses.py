@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from simulator.run import SimResult, resolve_machine, resolve_model, simulate_plan
-from slide_ir.config import TrainConfig
-from slide_ir.hardware import Machine
-from slide_ir.model import ModelSpec
-from slide_ir.placement import plan_fits
+from slide_ir.planning.placement import plan_fits
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine
+from slide_ir.specs.model import ModelSpec
 
 log = logging.getLogger(__name__)
 UTIL_TARGET = 0.97

@@ -15,10 +15,10 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from slide_ir.config import TrainConfig
-from slide_ir.hardware import Machine
-from slide_ir.model import ModelSpec, load_model, model_names
-from slide_ir.placement import plan_fits
+from slide_ir.planning.placement import plan_fits
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine
+from slide_ir.specs.model import ModelSpec, load_model, model_names
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from typing import Any
 
 from simulator.dram import simulate_shared_dram
 from simulator.run import SimResult, resolve_machine, resolve_model
-from slide_ir.config import TrainConfig
-from slide_ir.cost import CostModel, Efficiency
-from slide_ir.data_parallel import DataParallelPlan, plan_data_parallel
-from slide_ir.hardware import Machine
-from slide_ir.model import ModelSpec
-from slide_ir.trace import Trace, trace_metrics
+from slide_ir.ir.trace import Trace, trace_metrics
+from slide_ir.planning.cost import CostModel, Efficiency
+from slide_ir.planning.data_parallel import DataParallelPlan, plan_data_parallel
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine
+from slide_ir.specs.model import ModelSpec
 
 _GLOBAL = ("tokens_per_s", "compute_only_tokens_per_s")  # per rank in a rank's metrics
 

@@ -7,7 +7,7 @@ the backward's tail and the next forward; streamed updates keep it busy. So the 
 to a fixed point: simulate, measure over each update's span the mean busy share of the `h2d` and
 `d2h` lanes (a busy lane moves data at the duplex rate), re-price the update at that load
 (`CostModel.seconds_under_dma`), and simulate again until no update's load moves by more than
-TOLERANCE. The loop is `slide_ir.timeline.shared_dram`, which the planner runs around its own
+TOLERANCE. The loop is `slide_ir.planning.timeline.shared_dram`, which the planner runs around its own
 timeline: planner and simulator predict the same step.
 """
 
@@ -16,10 +16,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from simulator.engine import simulate
-from slide_ir.cost import CostModel
-from slide_ir.graph import Graph
-from slide_ir.timeline import MAX_PASSES, TOLERANCE, LoadedCosts, Times, dma_loads, shared_dram
-from slide_ir.trace import Trace
+from slide_ir.ir.graph import Graph
+from slide_ir.ir.trace import Trace
+from slide_ir.planning.cost import CostModel
+from slide_ir.planning.timeline import (
+    MAX_PASSES,
+    TOLERANCE,
+    LoadedCosts,
+    Times,
+    dma_loads,
+    shared_dram,
+)
 
 __all__ = ["MAX_PASSES", "TOLERANCE", "dma_loads", "simulate_shared_dram"]
 

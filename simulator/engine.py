@@ -23,14 +23,14 @@ from typing import Any, Protocol
 
 import simpy
 
-from slide_ir.graph import Graph, Op
-from slide_ir.trace import MemorySample, Span, Trace
+from slide_ir.ir.graph import Graph, Op
+from slide_ir.ir.trace import MemorySample, Span, Trace
 
 log = logging.getLogger(__name__)
 
 
 class Costs(Protocol):
-    """Anything that prices an op in seconds (`slide_ir.cost.CostModel`, `FixedCosts`)."""
+    """Anything that prices an op in seconds (`slide_ir.planning.cost.CostModel`, `FixedCosts`)."""
 
     def seconds(self, op: Op) -> float: ...
 

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.engine import simulate
-from slide_ir.graph import Graph, lane_kind
-from slide_ir.layout import Layout, bubble
-from slide_ir.layout_cluster import Cluster
-from slide_ir.layout_cost import LayoutCosts, lane_dim
-from slide_ir.layout_graph import layout_graph
-from slide_ir.model import ModelSpec
-from slide_ir.trace import Trace
+from slide_ir.ir.graph import Graph, lane_kind
+from slide_ir.ir.trace import Trace
+from slide_ir.layouts.cluster import Cluster
+from slide_ir.layouts.cost import LayoutCosts, lane_dim
+from slide_ir.layouts.graph import layout_graph
+from slide_ir.layouts.plan import Layout, bubble
+from slide_ir.specs.model import ModelSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

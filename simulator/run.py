@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.dram import simulate_shared_dram
-from slide_ir.config import TrainConfig
-from slide_ir.cost import CostModel, Efficiency
-from slide_ir.hardware import Machine, load_machine
-from slide_ir.ledger import REPORT_TIERS
-from slide_ir.model import ModelSpec, load_model
-from slide_ir.planner import Plan, plan
-from slide_ir.trace import Metrics, Trace, trace_metrics
+from slide_ir.ir.trace import Metrics, Trace, trace_metrics
+from slide_ir.planning.cost import CostModel, Efficiency
+from slide_ir.planning.ledger import REPORT_TIERS
+from slide_ir.planning.planner import Plan, plan
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine, load_machine
+from slide_ir.specs.model import ModelSpec, load_model
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -13,11 +13,11 @@ from typing import Any
 from simulator.analyses import batch_sweep, compare, critical_batch, model_sweep, schedule_sweep
 from simulator.capacity import capacity
 from simulator.run import SimResult, simulate_plan
-from slide_ir.config import TrainConfig
-from slide_ir.hardware import Machine, load_machine
-from slide_ir.model import ModelSpec, load_model
-from slide_ir.planner import Plan
-from slide_ir.planner import plan as _plan
+from slide_ir.planning.planner import Plan
+from slide_ir.planning.planner import plan as _plan
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine, load_machine
+from slide_ir.specs.model import ModelSpec, load_model
 
 
 def _inputs(model: str | ModelSpec, machine: str | Machine) -> tuple[ModelSpec, Machine]:

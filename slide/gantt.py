@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from slide_ir.trace import Span, Trace, lane_order
+from slide_ir.ir.trace import Span, Trace, lane_order
 
 ZOOM_LAYERS = 32
 GIB = 2**30

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
-from slide_ir.advice import suggest_fixes
-from slide_ir.ledger import REPORT_TIERS, build_ledger
-from slide_ir.placement import PlacementChoice
-from slide_ir.planner import Plan
+from slide_ir.planning.advice import suggest_fixes
+from slide_ir.planning.ledger import REPORT_TIERS, build_ledger
+from slide_ir.planning.placement import PlacementChoice
+from slide_ir.planning.planner import Plan
 
 GB = 1e9
 

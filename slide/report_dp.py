@@ -10,9 +10,9 @@ from typing import Any
 
 from simulator.data_parallel import DataParallelResult
 from slide.report import plan_summary, render_placement
-from slide_ir.data_parallel import DataParallelPlan
-from slide_ir.graph import OpKind
-from slide_ir.ledger import REPORT_TIERS
+from slide_ir.ir.graph import OpKind
+from slide_ir.planning.data_parallel import DataParallelPlan
+from slide_ir.planning.ledger import REPORT_TIERS
 
 GB = 1e9
 

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 
 from executor.adam import AdamWConfig
-from executor.checkpoint import CheckpointError, SafetensorsWeights, param_names, param_shape
 from executor.state import EXP_AVG, EXP_AVG_SQ
 from slide.checkpoints import STATE_FILE, find_checkpoint
 from slide.errors import StopRun, UserError
-from slide_ir.config import TrainConfig
-from slide_ir.model import ModelSpec
+from slide.weights import CheckpointError, SafetensorsWeights, param_names, param_shape
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.model import ModelSpec
 
 OPTIM_FILE = "optimizer.safetensors"
 STATE_VERSION = 2

@@ -17,18 +17,18 @@ from pathlib import Path
 
 import torch
 
-from executor.checkpoint import (
+from executor.train import ReadState
+from slide.checkpoints import STATE_FILE, RunDir
+from slide.errors import StopRun
+from slide.resume import OPTIM_FILE
+from slide.weights import (
     WriteCancelled,
     meta_of,
     write_hf_model,
     write_safetensors,
     write_text,
 )
-from executor.train import ReadState
-from slide.checkpoints import STATE_FILE, RunDir
-from slide.errors import StopRun
-from slide.resume import OPTIM_FILE
-from slide_ir.model import ModelSpec
+from slide_ir.specs.model import ModelSpec
 
 log = logging.getLogger(__name__)
 SNAPSHOT_SHARE = 0.8  # of the host's available memory a snapshot may take

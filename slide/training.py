@@ -28,13 +28,10 @@ from typing import Any
 import torch
 
 from executor.adam import AdamWConfig
-from executor.checkpoint import initial_weights
-from executor.data import CORPUS, TokenStream, batches, load_token_stream
 from executor.loop import graph_config, graph_plan
 from executor.phases import Phases, since_process_start
 from executor.ranks import Ranks
 from executor.recording import DEFAULT_TRACE_STEPS
-from executor.tokenizer import build_tiny_tokenizer
 from executor.train import (
     InfeasiblePlanError,
     NonFiniteLossError,
@@ -44,16 +41,19 @@ from executor.train import (
     train,
 )
 from slide.checkpoints import RunDir
+from slide.data import CORPUS, TokenStream, batches, load_token_stream
 from slide.errors import StopRun, UserError
 from slide.fileio import write_atomic
 from slide.resume import Resumed, read_checkpoint, state_json
 from slide.saving import Checkpointer, StateWriter
-from slide_ir.config import TrainConfig
-from slide_ir.data_parallel import plan_data_parallel
-from slide_ir.hardware import Machine, load_machine, with_drives
-from slide_ir.model import ModelSpec, load_model
-from slide_ir.planner import Plan, plan, plan_from_json
-from slide_ir.trace import to_chrome_trace, trace_metrics
+from slide.tokenizer import build_tiny_tokenizer
+from slide.weights import initial_weights
+from slide_ir.ir.trace import to_chrome_trace, trace_metrics
+from slide_ir.planning.data_parallel import plan_data_parallel
+from slide_ir.planning.planner import Plan, plan, plan_from_json
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine, load_machine, with_drives
+from slide_ir.specs.model import ModelSpec, load_model
 
 log = logging.getLogger(__name__)
 TINY_TOKENIZER = Path.home() / ".cache" / "slide" / "tiny-tokenizer"
@@ -321,7 +321,7 @@ def _run(
     last = ckpt.last if ckpt else None
     factors = result.meta.get("replan", {}).get("factors") if result else None
     if factors and req.machine == "auto":
-        from slide.auto_machine import refit_cache
+        from slide.calibration.auto_machine import refit_cache
 
         refit_cache(torch.device(req.device or "cuda"), factors)
     with phases("report"):
@@ -437,11 +437,11 @@ def _saved_plan(path: str | None) -> Plan | None:
 
 
 def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
-    """`auto`: this host, measured once and cached (`slide.auto_machine`); else a catalog name
+    """`auto`: this host, measured once and cached (`slide.calibration.auto_machine`); else a catalog name
     or a .toml profile. `--ram-gb` and `--nvme` override either."""
     if req.machine != "auto":
         return load_machine(req.machine, ram_gb=req.ram_gb, nvme=req.nvme)
-    from slide.auto_machine import auto_machine
+    from slide.calibration.auto_machine import auto_machine
 
     machine = auto_machine(device, ram_gb=req.ram_gb)
     return machine if req.nvme is None else with_drives(machine, req.nvme, None)

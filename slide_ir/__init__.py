@@ -3,12 +3,12 @@
 Standard library only: planning and simulating need no GPU stack.
 """
 
-from slide_ir.config import TrainConfig
-from slide_ir.graph import Graph, GraphInfo, Op, OpKind, Pool, Tier, Work
-from slide_ir.hardware import Machine, load_machine, machine_names
-from slide_ir.ledger import Ledger, build_ledger
-from slide_ir.model import ModelSpec, load_model, model_names
-from slide_ir.planner import Plan, plan, plan_from_json, plan_to_json
+from slide_ir.ir.graph import Graph, GraphInfo, Op, OpKind, Pool, Tier, Work
+from slide_ir.planning.ledger import Ledger, build_ledger
+from slide_ir.planning.planner import Plan, plan, plan_from_json, plan_to_json
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine, load_machine, machine_names
+from slide_ir.specs.model import ModelSpec, load_model, model_names
 
 __all__ = [
     "Graph",

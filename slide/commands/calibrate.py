@@ -1,6 +1,6 @@
 """`slide calibrate`: measure this CUDA machine and write a machine profile (TOML) whose every
 figure says `measured: <device>, <date>` and how. `plan`, `simulate` and `train` accept it, and
-it also becomes this host's `--machine auto` profile (`slide.auto_machine`'s cache entry)."""
+it also becomes this host's `--machine auto` profile (`slide.calibration.auto_machine`'s cache entry)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from slide.errors import UserError
 from slide.fileio import write_atomic
-from slide_ir.hardware import machine_to_toml
+from slide_ir.specs.hardware import machine_to_toml
 
 NAME = "calibrate"
 HELP = "measure this CUDA machine's rates and write a machine profile (TOML)"
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from slide import auto_machine, host_probes
+    from slide.calibration import auto_machine, host_probes
 
     if not torch.cuda.is_available():
         raise UserError("calibrate needs a CUDA GPU; none is visible here")

@@ -9,8 +9,8 @@ from typing import Any
 
 from simulator.capacity import capacity, placements
 from slide.commands.common import DEFAULT_MACHINE, add_machine_overrides, drive_count
-from slide_ir.config import ACTIVATION_PLACES, OPTIMIZER_PLACES, TrainConfig
-from slide_ir.hardware import load_machine
+from slide_ir.specs.config import ACTIVATION_PLACES, OPTIMIZER_PLACES, TrainConfig
+from slide_ir.specs.hardware import load_machine
 
 NAME = "capacity"
 HELP = "largest model (catalog, and along each family's depth scaling) that fits a machine"

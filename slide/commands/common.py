@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from slide.errors import UserError
-from slide_ir.config import (
+from slide_ir.specs.config import (
     ACTIVATION_CHOICES,
     CLIP_MODES,
     MOMENT_DTYPES,
@@ -18,8 +18,8 @@ from slide_ir.config import (
     parse_cache_units,
     parse_count_or_auto,
 )
-from slide_ir.hardware import Machine, load_machine
-from slide_ir.model import ModelSpec, load_model
+from slide_ir.specs.hardware import Machine, load_machine
+from slide_ir.specs.model import ModelSpec, load_model
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_MACHINE = "paper-pc-4090"

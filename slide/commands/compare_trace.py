@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from slide.errors import UserError
-from slide_ir.trace import Trace, trace_metrics
+from slide_ir.ir.trace import Trace, trace_metrics
 
 NAME = "compare-trace"
 HELP = "compare a predicted trace with a measured one (errors per metric and lane, aligned Gantt)"

@@ -13,9 +13,9 @@ from pathlib import Path
 from simulator.run import simulate_plan
 from slide.commands.simulate import render_result
 from slide.fileio import write_atomic
-from slide_ir.config import TrainConfig
-from slide_ir.planner import plan_to_json
-from slide_ir.trace import to_chrome_trace
+from slide_ir.ir.trace import to_chrome_trace
+from slide_ir.planning.planner import plan_to_json
+from slide_ir.specs.config import TrainConfig
 
 NAME = "demo"
 HELP = (

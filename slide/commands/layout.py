@@ -10,12 +10,12 @@ from typing import Any
 
 from simulator.layout import simulate_layout
 from slide.errors import UserError
-from slide_ir.layout import Layout, check_layout
-from slide_ir.layout_cluster import Cluster, cluster_names, load_cluster
-from slide_ir.layout_ledger import advice, build_layout_ledger
-from slide_ir.layout_models import load_layout_model
-from slide_ir.layout_search import search, time_memory_front
-from slide_ir.model import ModelSpec
+from slide_ir.layouts.cluster import Cluster, cluster_names, load_cluster
+from slide_ir.layouts.ledger import advice, build_layout_ledger
+from slide_ir.layouts.models import load_layout_model
+from slide_ir.layouts.plan import Layout, check_layout
+from slide_ir.layouts.search import search, time_memory_front
+from slide_ir.specs.model import ModelSpec
 
 NAME = "layout"
 HELP = "plan a TP/PP/CP/EP/DP layout over several GPUs: memory per GPU, fit, predicted step"

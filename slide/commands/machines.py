@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from slide_ir.hardware import load_machine, machine_names
+from slide_ir.specs.hardware import load_machine, machine_names
 
 NAME = "machines"
 HELP = "list the built-in machine presets"

@@ -14,8 +14,8 @@ from slide.errors import UserError
 from slide.fileio import write_atomic
 from slide.report import plan_summary, render_plan
 from slide.report_dp import dp_plan_summary, render_dp_plan
-from slide_ir.data_parallel import plan_data_parallel
-from slide_ir.planner import plan, plan_to_json
+from slide_ir.planning.data_parallel import plan_data_parallel
+from slide_ir.planning.planner import plan, plan_to_json
 
 NAME = "plan"
 HELP = "plan a fine-tuning run: memory per tier, whether it fits, the schedule"

@@ -16,7 +16,7 @@ from slide.commands.plan import add_nproc
 from slide.fileio import write_atomic
 from slide.report import render_placement, render_plan
 from slide.report_dp import render_dp_plan, render_dp_result
-from slide_ir.trace import to_chrome_trace
+from slide_ir.ir.trace import to_chrome_trace
 
 NAME = "simulate"
 HELP = "simulate a fine-tuning run: step time, tokens/s, eta, bottleneck, memory over time"

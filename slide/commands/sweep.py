@@ -18,9 +18,9 @@ from tqdm import tqdm
 
 from simulator.run import simulate_plan
 from slide.commands.common import DEFAULT_MACHINE, DEFAULT_MODEL, add_train_config, train_config
-from slide_ir.config import SCHEDULES
-from slide_ir.hardware import load_machine
-from slide_ir.model import load_model
+from slide_ir.specs.config import SCHEDULES
+from slide_ir.specs.hardware import load_machine
+from slide_ir.specs.model import load_model
 
 NAME = "sweep"
 HELP = "simulate a grid of batches / models / NVMe drives / schedules: a table, a plot on request"

@@ -7,7 +7,7 @@ import torch
 
 from bench.gpu_parity import random_model
 from executor.layout import UnitLayout, unit_layouts
-from slide_ir.model import ModelSpec
+from slide_ir.specs.model import ModelSpec
 
 _BASE = {
     "hidden_size": 64,

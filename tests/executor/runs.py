@@ -16,8 +16,8 @@ from executor.ranks import Ranks
 from executor.reference_loop import reference_train
 from executor.train import TrainResult, train
 from slide_ir import TrainConfig, load_machine
-from slide_ir.graph import Graph
-from slide_ir.planner import Plan, plan
+from slide_ir.ir.graph import Graph
+from slide_ir.planning.planner import Plan, plan
 
 B, S, STEPS, LR = 2, 16, 10, 1e-3
 MACHINE = "h200-16c-128g"

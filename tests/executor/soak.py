@@ -11,13 +11,13 @@ import threading
 
 import torch
 
-from executor.checkpoint import RandomInit
 from executor.completion import Completion
 from executor.env import MicroBatch
 from executor.train import train
+from slide.weights import RandomInit
 from slide_ir import TrainConfig, load_machine
-from slide_ir.model import load_model
-from slide_ir.trace import MemorySample, Span
+from slide_ir.ir.trace import MemorySample, Span
+from slide_ir.specs.model import load_model
 
 STEPS = 2000
 WARM = 200

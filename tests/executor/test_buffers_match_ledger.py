@@ -13,8 +13,8 @@ from runs import build_run, model_config
 
 from executor.buffers import NOT_ALLOCATED
 from slide_ir import TrainConfig, load_machine
-from slide_ir.graph import Tier
-from slide_ir.planner import plan
+from slide_ir.ir.graph import Tier
+from slide_ir.planning.planner import plan
 
 CASES = {
     "sliding": {},

@@ -158,8 +158,8 @@ def test_repeated_graph_and_saves_on_cuda(monkeypatch, config: dict) -> None:
 def test_cuda_trace_obeys_its_graph(config: dict) -> None:
     """The measured trace (CUDA events on the GPU lanes, host clock on the others) keeps the
     graph's rules; 1 ms absorbs the skew between the two clocks."""
-    from slide_ir.planner import plan
-    from slide_ir.trace import trace_violations
+    from slide_ir.ir.trace import trace_violations
+    from slide_ir.planning.planner import plan
 
     graph = plan(
         spec_of(CONFIG),

@@ -19,7 +19,7 @@ from executor.layout import layer_layout
 from executor.tape import Tape
 from kernels import reference
 from slide_ir import OpKind
-from slide_ir.model import ModelSpec
+from slide_ir.specs.model import ModelSpec
 
 CASES = {
     # 2 of 4 layers kept, the top one's weights held on the GPU, the other's slot reused

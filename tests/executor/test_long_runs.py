@@ -146,7 +146,7 @@ def test_a_checkpoint_reads_the_state_a_unit_at_a_time(monkeypatch, tmp_path):
     from safetensors.torch import load_file
 
     from executor import state as state_mod
-    from executor.checkpoint import write_hf_model, write_safetensors
+    from slide.weights import write_hf_model, write_safetensors
 
     whole = run_executor(False, steps=3, optimizer="nvme", drives=1)
     reads = []

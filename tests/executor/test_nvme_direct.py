@@ -21,7 +21,7 @@ from executor import nvme_io
 from executor.nvme import NvmeStore
 from executor.nvme_io import ALIGN, NvmeSpaceError, aligned_empty
 from slide_ir import TrainConfig, load_machine
-from slide_ir.planner import plan
+from slide_ir.planning.planner import plan
 
 # Optimizer state and layer inputs on two drives, every unit sliding (nothing kept on the
 # "GPU"), so every stripe and input really goes through the files.

@@ -21,11 +21,11 @@ from runs import MACHINE, RTOL, build_run, max_rel_error, model_config
 from executor.layout import unit_layouts
 from executor.ranks import Ranks
 from slide_ir import TrainConfig, load_machine
-from slide_ir.data_parallel import shard_plan
-from slide_ir.graph import PoolRole as R
-from slide_ir.graph import Tier
-from slide_ir.planner import plan
-from slide_ir.trace import Trace, trace_violations
+from slide_ir.ir.graph import PoolRole as R
+from slide_ir.ir.graph import Tier
+from slide_ir.ir.trace import Trace, trace_violations
+from slide_ir.planning.data_parallel import shard_plan
+from slide_ir.planning.planner import plan
 
 RANK_SCRIPT = Path(__file__).with_name("dp_rank.py")
 REPO = os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])

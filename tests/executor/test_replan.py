@@ -1,4 +1,4 @@
-"""Online re-planning (slide_ir.refit, executor.train's `replan_request`): after the first steady
+"""Online re-planning (slide_ir.planning.refit, executor.train's `replan_request`): after the first steady
 steps a run re-fits its profile to its measured lanes, and moves to the placement the search
 then chooses when it is predicted >= 3% faster; the training itself does not change."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from runs import STEPS, B, S, assert_bitwise_equal, assert_matches_reference, run_executor
 
-from slide_ir import TrainConfig, load_machine, refit
+from slide_ir import TrainConfig, load_machine
+from slide_ir.planning import refit
 
 REQUEST = TrainConfig(batch=B, seq=S, steps=STEPS, placement="fast")
 

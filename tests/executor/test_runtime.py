@@ -15,7 +15,7 @@ from executor.adam import AdamWConfig
 from executor.completion import WaitTimeout
 from executor.train import DataError, InfeasiblePlanError, NonFiniteLossError, train
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
-from slide_ir.trace import trace_violations
+from slide_ir.ir.trace import trace_violations
 
 # Lanes of every kind at once: sliding + resident units, NVMe activations, micro-batches.
 BUSY = {"drives": 2, "activations": "nvme", "grad_accum": 2, "resident": 1, "steps": 4}

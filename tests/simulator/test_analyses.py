@@ -3,8 +3,8 @@
 import pytest
 
 from simulator.analyses import _smallest, critical_batch, schedule_sweep
-from slide_ir.config import TrainConfig
-from slide_ir.hardware import load_machine
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import load_machine
 
 
 @pytest.mark.parametrize("limit", [1, 7, 64])

@@ -5,10 +5,10 @@ import pytest
 from simulator.dram import dma_loads, simulate_shared_dram
 from simulator.engine import simulate
 from slide_ir import TrainConfig, load_machine, load_model
-from slide_ir.cost import CostModel
-from slide_ir.graph import GraphInfo, OpKind
-from slide_ir.planner import plan
-from slide_ir.trace import Span, Trace
+from slide_ir.ir.graph import GraphInfo, OpKind
+from slide_ir.ir.trace import Span, Trace
+from slide_ir.planning.cost import CostModel
+from slide_ir.planning.planner import plan
 
 INFO = GraphInfo(schedule="sliding", model="m", machine="m", batch=1, seq=8, steps=1,
                  grad_accum=1, num_layers=1, params=1, flops_per_step=1.0)  # fmt: skip

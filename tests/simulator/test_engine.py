@@ -7,9 +7,9 @@ import networkx as nx
 import pytest
 
 from simulator.engine import simulate
-from slide_ir.cost import FixedCosts
-from slide_ir.graph import Graph, GraphInfo, Op, OpKind, Pool, Tier
-from slide_ir.printing import parse_graph
+from slide_ir.ir.graph import Graph, GraphInfo, Op, OpKind, Pool, Tier
+from slide_ir.ir.printing import parse_graph
+from slide_ir.planning.cost import FixedCosts
 
 HEADER = (
     "info schedule=sliding model=tiny machine=m batch=1 seq=8 steps={steps} grad_accum=1 "
@@ -190,7 +190,7 @@ def test_makespan_against_networkx(seed):
 
 
 def test_critical_path_walks_back_through_the_gating_predecessor():
-    from slide_ir.trace import trace_metrics
+    from slide_ir.ir.trace import trace_metrics
 
     graph = parse_graph(RING)
     trace = simulate(graph, _by_lane(graph, h2d=2.0, gpu=3.0))
@@ -204,7 +204,7 @@ def test_critical_path_walks_back_through_the_gating_predecessor():
 def test_traces_obey_their_graph_and_a_broken_one_is_named():
     from dataclasses import replace
 
-    from slide_ir.trace import trace_violations
+    from slide_ir.ir.trace import trace_violations
 
     graph = parse_graph(RING)
     trace = simulate(graph, _by_lane(graph, h2d=2.0, gpu=3.0))

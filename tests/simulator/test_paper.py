@@ -15,8 +15,8 @@ import pytest
 
 from simulator.analyses import critical_batch
 from simulator.run import simulate_plan
-from slide_ir.config import TrainConfig
-from slide_ir.hardware import load_machine
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import load_machine
 
 SIZES = ("qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b")
 RANGES = {"paper-pc-4090": (12, 28), "paper-server-a100": (15, 36)}

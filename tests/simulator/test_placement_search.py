@@ -11,12 +11,12 @@ import pytest
 
 from simulator.dram import simulate_shared_dram
 from slide_ir import TrainConfig, load_machine, load_model, model_names
-from slide_ir.cost import CostModel
-from slide_ir.ledger import build_ledger
-from slide_ir.placement import PlacementChoice
-from slide_ir.planner import Plan, plan
-from slide_ir.streaming import choose_streamed
-from slide_ir.trace import trace_metrics
+from slide_ir.ir.trace import trace_metrics
+from slide_ir.planning.cost import CostModel
+from slide_ir.planning.ledger import build_ledger
+from slide_ir.planning.placement import PlacementChoice
+from slide_ir.planning.planner import Plan, plan
+from slide_ir.planning.streaming import choose_streamed
 
 PRESETS = ("h200-16c-128g", "paper-pc-4090", "paper-server-a100")
 BATCHES = (4, 8, 16, 32, 64)

@@ -7,10 +7,10 @@ from collections import defaultdict
 import pytest
 
 from simulator.run import simulate_plan
-from slide_ir.config import TrainConfig
-from slide_ir.graph import Tier
-from slide_ir.hardware import load_machine
-from slide_ir.ledger import REPORT_TIERS
+from slide_ir.ir.graph import Tier
+from slide_ir.planning.ledger import REPORT_TIERS
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import load_machine
 
 CASES = {
     "sliding-cpu": ("qwen2.5-3b", "paper-pc-4090", {"placement": "small"}),

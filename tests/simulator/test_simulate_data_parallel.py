@@ -6,8 +6,8 @@ import pytest
 
 from simulator.data_parallel import simulate_data_parallel
 from simulator.run import simulate_plan
-from slide_ir.config import TrainConfig
-from slide_ir.trace import trace_violations
+from slide_ir.ir.trace import trace_violations
+from slide_ir.specs.config import TrainConfig
 
 
 def test_one_rank_predicts_the_single_gpu_run():

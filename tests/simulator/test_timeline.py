@@ -1,4 +1,4 @@
-"""The planner's timeline (slide_ir.timeline) is the simulator's prediction, op for op: the
+"""The planner's timeline (slide_ir.planning.timeline) is the simulator's prediction, op for op: the
 placement search ranks candidates with it, so it must not differ from `slide simulate`."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import pytest
 from simulator.dram import simulate_shared_dram
 from simulator.engine import simulate
 from slide_ir import TrainConfig, load_machine, load_model
-from slide_ir.cost import CostModel, FixedCosts
-from slide_ir.planner import plan
-from slide_ir.printing import parse_graph
-from slide_ir.timeline import predict, predict_step_s, step_time_s, timeline
-from slide_ir.trace import trace_metrics
+from slide_ir.ir.printing import parse_graph
+from slide_ir.ir.trace import trace_metrics
+from slide_ir.planning.cost import CostModel, FixedCosts
+from slide_ir.planning.planner import plan
+from slide_ir.planning.timeline import predict, predict_step_s, step_time_s, timeline
 
 CASES = {
     "searched-8b-h200": ("llama-3.1-8b", "h200-16c-128g", {}),

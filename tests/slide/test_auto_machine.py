@@ -8,14 +8,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from executor import calibrate as cal
-from slide import auto_machine, host_probes
+from slide.calibration import auto_machine, host_probes
+from slide.calibration import gpu_probes as cal
 from slide.cli import main
 from slide.training import TrainRequest, resolve_machine
-from slide_ir.config import TrainConfig
-from slide_ir.hardware import load_machine, load_machine_toml
-from slide_ir.model import load_model
-from slide_ir.planner import plan
+from slide_ir.planning.planner import plan
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import load_machine, load_machine_toml
+from slide_ir.specs.model import load_model
 
 HOST = host_probes.Host(
     gpu="NVIDIA Imaginary X1", gpu_memory_bytes=48 << 30, cpu="Made-up CPU 9000", cores=16,
@@ -30,7 +30,7 @@ def _fig(value: float, threads: int = 0) -> cal.Figure:
 
 
 class FakeProbes:
-    """Stands in for executor.calibrate's probes; `scale` multiplies every rate, `calls`
+    """Stands in for slide.calibration.gpu_probes's probes; `scale` multiplies every rate, `calls`
     counts the runs of the host-update probe (three per measurement)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,7 +123,7 @@ def test_a_corrupt_entry_is_measured_again_with_one_warning(probes, caplog, dama
     path = auto_machine.cache_path(HOST)
     path.parent.mkdir(parents=True)
     path.write_bytes(damage.encode() if isinstance(damage, str) else damage)
-    with caplog.at_level(logging.WARNING, logger="slide.auto_machine"):
+    with caplog.at_level(logging.WARNING, logger="slide.calibration.auto_machine"):
         machine = auto_machine.auto_machine(CUDA)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "unusable" in warnings[0].getMessage()
@@ -137,7 +137,7 @@ def test_an_unwritable_cache_is_warned_about_and_the_run_goes_on(
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # a file where the directory should be
-    with caplog.at_level(logging.WARNING, logger="slide.auto_machine"):
+    with caplog.at_level(logging.WARNING, logger="slide.calibration.auto_machine"):
         machine = auto_machine.auto_machine(CUDA)
     assert machine.gpu.bf16_matmul_tflops == 500
     assert "cannot cache" in caplog.text
@@ -170,7 +170,7 @@ def test_cpu_mode_keeps_the_preset_figures_and_measures_nothing(probes):
 
 
 def test_probes_over_their_budget_are_warned_about(caplog):
-    with caplog.at_level(logging.INFO, logger="slide.host_probes"):
+    with caplog.at_level(logging.INFO, logger="slide.calibration.host_probes"):
         got = host_probes.run_probes({"a": lambda: 1, "b": lambda: 2}, budget_s=0.0)
     assert got == {"a": 1, "b": 2} and "over their 0 s budget" in caplog.text
 

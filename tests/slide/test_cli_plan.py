@@ -134,7 +134,7 @@ def test_infeasible_plan_says_which_tier_and_what_would_fit(capsys):
 
 
 def test_plan_writes_a_reloadable_plan(tmp_path, capsys):
-    from slide_ir.planner import plan_from_json
+    from slide_ir.planning.planner import plan_from_json
 
     out_file = tmp_path / "plans" / "p.json"
     code, out, _ = run(

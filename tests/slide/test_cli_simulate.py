@@ -5,7 +5,7 @@ import json
 import pytest
 
 from slide.cli import main
-from slide_ir.trace import Trace
+from slide_ir.ir.trace import Trace
 
 SMALL = ("--model", "qwen2.5-3b", "--machine", "paper-pc-4090", "--seq", "512")
 
@@ -214,7 +214,7 @@ def test_compare_ranks_by_throughput(capsys):
 def test_gantt_zooms_to_a_step_and_refuses_unknown_steps(tmp_path):
     from simulator.run import simulate_plan
     from slide.gantt import plot_gantt, step_window
-    from slide_ir.config import TrainConfig
+    from slide_ir.specs.config import TrainConfig
 
     trace = simulate_plan("llama-3.2-1b", "paper-pc-4090", TrainConfig(batch=2, seq=256)).trace
     lo, hi = step_window(trace, 2)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from slide.cli import main
-from slide_ir.planner import plan_from_json
+from slide_ir.planning.planner import plan_from_json
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ import json
 
 import torch
 
-from executor.checkpoint import RandomInit
 from executor.layout import unit_layouts
 from executor.phases import Phases, since_process_start
 from executor.state import check_names, pack
 from slide.cli import main
+from slide.weights import RandomInit
 from slide_ir import load_model
 
 

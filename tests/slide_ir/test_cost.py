@@ -2,9 +2,9 @@
 
 import pytest
 
-from slide_ir.cost import HANDLERS, CostModel, Efficiency, FixedCosts
-from slide_ir.graph import Op, OpKind, Work
-from slide_ir.hardware import Cpu, Gpu, Link, Machine, Nvme
+from slide_ir.ir.graph import Op, OpKind, Work
+from slide_ir.planning.cost import HANDLERS, CostModel, Efficiency, FixedCosts
+from slide_ir.specs.hardware import Cpu, Gpu, Link, Machine, Nvme
 
 # Round numbers so every expected duration is exact.
 MACHINE = Machine(

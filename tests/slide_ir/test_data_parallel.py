@@ -1,4 +1,4 @@
-"""Data-parallel sliding on one node (`slide_ir.data_parallel`): rank r's graph from the
+"""Data-parallel sliding on one node (`slide_ir.planning.data_parallel`): rank r's graph from the
 single-GPU plan, its collectives, shards and per-rank / per-host ledger, and their pricing."""
 
 from __future__ import annotations
@@ -8,20 +8,20 @@ from dataclasses import replace
 
 import pytest
 
-from slide_ir.config import TrainConfig
-from slide_ir.cost import RING_STEP_S, CostModel, ring_seconds
-from slide_ir.data_parallel import (
+from slide_ir.ir.graph import Graph, OpKind, UnitPlacement
+from slide_ir.planning.cost import RING_STEP_S, CostModel, ring_seconds
+from slide_ir.planning.data_parallel import (
     check_nproc,
     plan_data_parallel,
     shard_plan,
     shard_range,
     shard_size,
 )
-from slide_ir.graph import Graph, OpKind, UnitPlacement
-from slide_ir.hardware import load_machine, load_machine_toml, machine_to_toml
-from slide_ir.ledger import unit_params
-from slide_ir.model import load_model
-from slide_ir.planner import plan
+from slide_ir.planning.ledger import unit_params
+from slide_ir.planning.planner import plan
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import load_machine, load_machine_toml, machine_to_toml
+from slide_ir.specs.model import load_model
 
 K = OpKind
 

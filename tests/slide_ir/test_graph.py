@@ -2,8 +2,8 @@
 
 import pytest
 
-from slide_ir.graph import Graph, GraphError, GraphInfo, Op, OpKind, Pool, Tier, Work
-from slide_ir.printing import format_graph, parse_graph
+from slide_ir.ir.graph import Graph, GraphError, GraphInfo, Op, OpKind, Pool, Tier, Work
+from slide_ir.ir.printing import format_graph, parse_graph
 
 INFO = GraphInfo(
     schedule="sliding",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slide_ir import hardware
-from slide_ir.hardware import (
+from slide_ir.specs import hardware
+from slide_ir.specs.hardware import (
     Cpu,
     Gpu,
     HardwareConfigError,
@@ -26,7 +26,7 @@ from slide_ir.hardware import (
     with_drives,
 )
 
-CATALOG = Path(hardware.__file__).with_name("catalog")
+CATALOG = hardware.CATALOG
 TOML_FILES = sorted(CATALOG.glob("hardware/*.toml")) + sorted(CATALOG.glob("machines/*.toml"))
 NOT_FIGURES = {"name", "notes", "preset"}
 PART_REFERENCES = {"gpu", "link", "cpu", "nvme"}  # `cpu = "epyc-7543"`, `nvme = ["..."]`

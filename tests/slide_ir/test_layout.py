@@ -8,8 +8,13 @@ from dataclasses import replace
 import pytest
 
 from simulator.layout import simulate_layout
-from slide_ir.graph import Graph, OpKind, Work
-from slide_ir.layout import (
+from slide_ir.ir.graph import Graph, OpKind, Work
+from slide_ir.layouts.cluster import load_cluster
+from slide_ir.layouts.cost import FA3_CAUSAL_CURVE, LayoutCosts, attention_efficiency
+from slide_ir.layouts.graph import layout_graph, one_f_one_b
+from slide_ir.layouts.ledger import FRAGMENTATION, build_layout_ledger, stage_terms
+from slide_ir.layouts.models import load_layout_model
+from slide_ir.layouts.plan import (
     Layout,
     bubble,
     check_layout,
@@ -17,13 +22,8 @@ from slide_ir.layout import (
     in_flight_chunks,
     layout_problems,
 )
-from slide_ir.layout_cluster import load_cluster
-from slide_ir.layout_cost import FA3_CAUSAL_CURVE, LayoutCosts, attention_efficiency
-from slide_ir.layout_graph import layout_graph, one_f_one_b
-from slide_ir.layout_ledger import FRAGMENTATION, build_layout_ledger, stage_terms
-from slide_ir.layout_models import load_layout_model
-from slide_ir.layout_search import candidates, estimate, search, time_memory_front
-from slide_ir.layout_work import all_stages, stage_work
+from slide_ir.layouts.search import candidates, estimate, search, time_memory_front
+from slide_ir.layouts.work import all_stages, stage_work
 
 NODE = load_cluster("h200-8gpu-node")
 QWEN_MOE = load_layout_model("qwen3-30b-a3b")

@@ -10,16 +10,16 @@ from dataclasses import replace
 import pytest
 
 from simulator.layout import simulate_layout
-from slide_ir import moe
-from slide_ir.graph import OpKind
-from slide_ir.layout import Layout, balanced_split, bubble, check_layout, in_flight_chunks
-from slide_ir.layout_cluster import load_cluster
-from slide_ir.layout_cost import LayoutCosts
-from slide_ir.layout_graph import interleaved_order, layout_graph, one_f_one_b
-from slide_ir.layout_ledger import stage_terms
-from slide_ir.layout_models import load_layout_model
-from slide_ir.layout_search import estimate
-from slide_ir.layout_work import all_stages, stage_layers, stage_work
+from slide_ir.ir.graph import OpKind
+from slide_ir.layouts.cluster import load_cluster
+from slide_ir.layouts.cost import LayoutCosts
+from slide_ir.layouts.graph import interleaved_order, layout_graph, one_f_one_b
+from slide_ir.layouts.ledger import stage_terms
+from slide_ir.layouts.models import load_layout_model
+from slide_ir.layouts.plan import Layout, balanced_split, bubble, check_layout, in_flight_chunks
+from slide_ir.layouts.search import estimate
+from slide_ir.layouts.work import all_stages, stage_layers, stage_work
+from slide_ir.specs import moe
 
 NODE = load_cluster("h200-8gpu-node")
 QWEN_MOE = load_layout_model("qwen3-30b-a3b")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from slide_ir.model import (
+from slide_ir.specs.model import (
     DTYPE_BYTES,
     ModelConfigError,
     ModelSpec,
@@ -343,5 +343,5 @@ def test_hand_built_spec_synthesises_a_config():
 
 
 def test_slide_ir_model_imports_no_torch():
-    code = "import sys, slide_ir.model; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, slide_ir.specs.model; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,9 +10,9 @@ from functools import partial
 import pytest
 
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
-from slide_ir.cost import CostModel
-from slide_ir.ledger import build_ledger, resident_preference
-from slide_ir.placement import (
+from slide_ir.planning.cost import CostModel
+from slide_ir.planning.ledger import build_ledger, resident_preference
+from slide_ir.planning.placement import (
     DEPTHS,
     Placement,
     _argmin,
@@ -20,8 +20,8 @@ from slide_ir.placement import (
     _Search,
     plan_fits,
 )
-from slide_ir.planner import build_graph, plan, plan_from_json, plan_to_json
-from slide_ir.timeline import predict_step_s
+from slide_ir.planning.planner import build_graph, plan, plan_from_json, plan_to_json
+from slide_ir.planning.timeline import predict_step_s
 
 MACHINES = ("h200-16c-128g", "paper-pc-4090", "paper-server-a100")
 # every other free choice pinned: streamed units, inputs, cache depth, kept tapes

@@ -4,13 +4,13 @@ from dataclasses import replace
 
 import pytest
 
-from slide_ir.config import TrainConfig
-from slide_ir.graph import OpKind, Tier
-from slide_ir.hardware import load_machine
-from slide_ir.ledger import build_ledger
-from slide_ir.model import load_model
-from slide_ir.planner import plan, plan_from_json, plan_to_json
-from slide_ir.printing import format_graph, parse_graph
+from slide_ir.ir.graph import OpKind, Tier
+from slide_ir.ir.printing import format_graph, parse_graph
+from slide_ir.planning.ledger import build_ledger
+from slide_ir.planning.planner import plan, plan_from_json, plan_to_json
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import load_machine
+from slide_ir.specs.model import load_model
 
 GB = 1e9
 
@@ -164,7 +164,7 @@ def test_infeasible_plan_reports_tier(pc):
     ],
 )
 def test_zero_stage_formulas(stage, per_param):
-    from slide_ir.ledger import zero_bytes_per_gpu
+    from slide_ir.planning.ledger import zero_bytes_per_gpu
 
     p = 8_030_261_248
     for d in (1, 2, 8):
@@ -172,7 +172,7 @@ def test_zero_stage_formulas(stage, per_param):
 
 
 def test_zero_state_sizes_are_parameters():
-    from slide_ir.ledger import StateBytes, zero_bytes_per_gpu
+    from slide_ir.planning.ledger import StateBytes, zero_bytes_per_gpu
 
     bf16_moments = StateBytes(moments=4)  # 2 + 4 + 4 + 4 = 14 B per parameter
     assert zero_bytes_per_gpu(1000, 0, 4, bf16_moments) == 14_000

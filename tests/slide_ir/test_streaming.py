@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
-from slide_ir.config import parse_count_or_auto
-from slide_ir.ledger import build_ledger, resident_preference
-from slide_ir.planner import plan
-from slide_ir.streaming import choose_streamed
+from slide_ir.planning.ledger import build_ledger, resident_preference
+from slide_ir.planning.planner import plan
+from slide_ir.planning.streaming import choose_streamed
+from slide_ir.specs.config import parse_count_or_auto
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from slide_ir.graph import GraphInfo
-from slide_ir.trace import MemorySample, Span, Trace, to_chrome_trace, trace_metrics
+from slide_ir.ir.graph import GraphInfo
+from slide_ir.ir.trace import MemorySample, Span, Trace, to_chrome_trace, trace_metrics
 
 INFO = GraphInfo(
     schedule="sliding",
@@ -117,7 +117,7 @@ def test_chrome_trace_has_a_track_per_lane_and_memory_counters():
 
 
 def test_host_peak_is_pinned_plus_pageable_at_one_instant():
-    from slide_ir.trace import peak_bytes
+    from slide_ir.ir.trace import peak_bytes
 
     memory = [
         MemorySample(time=0.0, tier="cpu", bytes=100),

@@ -4,11 +4,11 @@ their downloads on the compute stream as the backward produces them, the update 
 import pytest
 
 from slide_ir import TrainConfig, load_machine, load_model
-from slide_ir.graph import OpKind
-from slide_ir.ledger import BF16, FP32
-from slide_ir.planner import plan
-from slide_ir.printing import format_graph, parse_graph
-from slide_ir.zero_offload import BUCKET_POOL, WHOLE_POOL, grad_buckets
+from slide_ir.ir.graph import OpKind
+from slide_ir.ir.printing import format_graph, parse_graph
+from slide_ir.planning.ledger import BF16, FP32
+from slide_ir.planning.planner import plan
+from slide_ir.planning.zero_offload import BUCKET_POOL, WHOLE_POOL, grad_buckets
 
 
 @pytest.fixture(scope="module")

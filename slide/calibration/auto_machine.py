@@ -1,0 +1,135 @@
+"""`--machine auto`: this host's own measured profile, measured once and then cached.
+
+On CUDA the first run on a host runs `host_probes` at their `AUTO` sizes (the host AdamW as the
+cpu lane runs it, link rates each way and duplex, the GPU's matmul, attention, memory, LCE,
+elementwise and AdamW rates; ~20 s), writes the profile to
+
+    $XDG_CACHE_HOME/slide/machines/<Host.key>.toml   (~/.cache/slide/machines/ by default)
+
+by one atomic rename, and plans with it; later runs on a host with the same key (GPU model and
+memory, CPU model, usable cores, RAM) read it back. `slide calibrate` writes the same entry with its
+longer probes, so a calibration refreshes what `auto` uses. Every GPU is measured: none takes
+another card's catalog figures. A cache file that cannot be read or parsed is measured again,
+with one warning; one that cannot be written is only warned about.
+
+In CPU mode (`--device cpu`) nothing is measured or cached: the "GPU" tier is host memory and
+the cost figures are the `paper-pc-4090` preset's, as before (the simulator's GPU model does not
+describe CPU compute, so a host-only probe would not make those predictions meaningful).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from slide.calibration import host_probes
+from slide.calibration.host_probes import GIB, Host
+from slide.errors import UserError
+from slide.fileio import write_atomic
+from slide_ir.planning.refit import refit_machine
+from slide_ir.specs.hardware import Machine, load_machine, load_machine_toml, machine_to_toml
+from slide_ir.specs.hardware_parts import freeze_sources
+
+log = logging.getLogger(__name__)
+CPU_MODE_PRESET = "paper-pc-4090"
+
+
+def auto_machine(device: Any, *, ram_gb: float | None = None) -> Machine:
+    """This host's machine for planning on `device` (a torch.device); `ram_gb` overrides the
+    usable DRAM as `--ram-gb` does."""
+    if device.type != "cuda":
+        machine = _cpu_mode()
+    else:
+        host = host_probes.this_host(device)
+        machine = cached(host) or measure(host)
+        machine = replace(machine, name=f"auto ({host.gpu})")
+    return machine if ram_gb is None else with_ram(machine, ram_gb)
+
+
+def _cpu_mode() -> Machine:
+    base = load_machine(CPU_MODE_PRESET)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return replace(base, name="auto (cpu)", gpu=replace(base.gpu, memory_bytes=ram), ram_bytes=ram)
+
+
+def with_ram(machine: Machine, ram_gb: float) -> Machine:
+    sources = freeze_sources(dict(machine.sources) | {"ram_bytes": f"override: ram_gb={ram_gb}"})
+    return replace(machine, ram_bytes=round(ram_gb * GIB), sources=sources)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slide" / "machines"
+
+
+def cache_path(host: Host) -> Path:
+    return cache_dir() / f"{host.key}.toml"
+
+
+def cached(host: Host) -> Machine | None:
+    """The cached profile of `host`, or None when there is none or it cannot be used (warned)."""
+    path = cache_path(host)
+    if not path.exists():
+        return None
+    try:
+        machine = load_machine_toml(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:  # ValueError: bad UTF-8, TOML or figures
+        log.warning("--machine auto: cached profile %s is unusable (%s); measuring again",
+                    path, error)  # fmt: skip
+        return None
+    log.info("--machine auto: this host's profile from %s", path)
+    return machine
+
+
+def measure(host: Host) -> Machine:
+    """Run the `AUTO` probes on this host, cache the profile, and return it."""
+    import torch
+
+    log.info("--machine auto: measuring this host (%s, %s, %d cores; ~20 s), cached for next time",
+             host.gpu, host.cpu, host.cores)  # fmt: skip
+    stamp = f"measured: {host.gpu}, {datetime.date.today().isoformat()}, slide train --machine auto"
+    try:
+        table = host_probes.probe_table(host_probes.AUTO, host)
+        got = host_probes.run_probes(table, budget_s=host_probes.AUTO_BUDGET_S)
+    except torch.cuda.OutOfMemoryError as error:
+        raise UserError(
+            f"--machine auto: measuring this GPU ran out of memory ({error}); free the GPU or "
+            "pass a profile (--machine <preset or .toml>)"
+        ) from error
+    finally:
+        torch.cuda.empty_cache()  # the probes' blocks back to the driver before the run reserves
+    machine = host_probes.profile(platform.node() or "auto", host, got, stamp)
+    store(host, machine, host_probes.header("slide train --machine auto", got))
+    return machine
+
+
+def refit_cache(device: Any, factors: Mapping[str, float]) -> Path | None:
+    """Write back a run's re-fit rates (`slide_ir.planning.refit`: measured / predicted per lane) into
+    this host's cached profile, so the next run plans with them from its first step."""
+    host = host_probes.this_host(device)
+    machine = cached(host)
+    if machine is None or not factors:
+        return None
+    fitted = refit_machine(machine, factors)
+    return store(host, fitted, "# re-fit to the lanes of a `slide train` run\n")
+
+
+def store(host: Host, machine: Machine, header: str = "") -> Path | None:
+    """Write `machine` as `host`'s cache entry (drives left out: a run names its own with `--nvme`
+    and `--nvme-dir`); None, with a warning, when it cannot be written."""
+    path = cache_path(host)
+    kept = tuple((k, v) for k, v in machine.sources if not k.startswith("nvme["))
+    text = machine_to_toml(replace(machine, nvme=(), sources=kept))
+    described = f"# host: {host.gpu}; {host.cpu}; {host.cores} cores; {host.ram_bytes} B RAM\n"
+    try:
+        write_atomic(path, header + described + text)
+    except OSError as error:
+        log.warning("--machine auto: cannot cache this host's profile at %s (%s); it will be "
+                    "measured again next run", path, error)  # fmt: skip
+        return None
+    return path

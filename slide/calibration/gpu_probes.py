@@ -1,0 +1,427 @@
+"""Measure this machine's rates the way the executor uses them, for `slide calibrate`.
+
+Each probe returns a figure in base units (FLOP/s, bytes/s, elements/s) with a short note of how
+it was measured; `slide calibrate` turns them into a machine profile. GPU work is timed with CUDA
+events after warm-up (median of repeats); CPU work with the host clock. Sizes are chosen so the
+whole run stays under ~3 minutes on one H200 host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_device, update_host
+from executor.buffers import HostMemory, OptState
+from slide_ir.specs.model import ModelSpec
+
+HostUnit = tuple[torch.Tensor, list[Part], torch.Tensor]  # gradient, state parts, output
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Figure:
+    value: float
+    note: str
+    threads: int = 0  # CPU probes: the intra-op threads they ran with
+
+
+def _cuda_median(fn: Callable[[], object], repeats: int = 10) -> float:
+    """Seconds per call: CUDA events around each call, after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _host_median(fn: Callable[[], object], repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# -- GPU ----------------------------------------------------------------------------------------
+def layer_linears(model: ModelSpec) -> list[tuple[int, int]]:
+    """(out, in) of one decoder layer's seven linears."""
+    h, i, q, kv = model.hidden_size, model.intermediate_size, model.q_dim, model.kv_dim
+    return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+
+
+def matmul_rate(model: ModelSpec, tokens: int = 8192) -> Figure:
+    """A whole layer's linears, forward and both backward products, BF16."""
+    flops = seconds = 0.0
+    for out_f, in_f in layer_linears(model):
+        x = torch.randn(tokens, in_f, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(tokens, out_f, device="cuda", dtype=torch.bfloat16)
+        for fn in (lambda: x @ w.t(), lambda: dy @ w, lambda: dy.t() @ x):  # noqa: B023
+            seconds += _cuda_median(fn)
+            flops += 2.0 * tokens * out_f * in_f
+    return Figure(flops / seconds, f"{model.name} layer linears fwd+bwd, {tokens} tokens, bf16")
+
+
+def attention_rate(model: ModelSpec, batch: int = 4, seq: int = 2048) -> Figure:
+    """Causal SDPA forward + backward; FLOPs counted for the causal half, backward = 2x forward."""
+    shape = (batch, model.num_heads, seq, model.head_dim)
+    q, k, v = (
+        torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> None:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(grad)
+
+    fwd = 2 * 2 * batch * model.num_heads * seq * seq * model.head_dim / 2
+    return Figure(3 * fwd / _cuda_median(step), f"SDPA causal fwd+bwd, {shape}, bf16")
+
+
+def hbm_rate(size_mb: int = 2048) -> Figure:
+    src = torch.empty(size_mb * MB, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = _cuda_median(lambda: dst.copy_(src))
+    return Figure(
+        2 * src.numel() / seconds, f"device-to-device copy of {size_mb} MiB (read + write)"
+    )
+
+
+def lce_rate(model: ModelSpec, tokens: int = 8192) -> Figure:
+    """Our fused linear cross-entropy, forward + backward (GEMMs included), at the model's
+    hidden size and vocabulary: logits (tokens x vocab) per second."""
+    from kernels import fused_linear_cross_entropy
+
+    def leaf(*shape: int) -> torch.Tensor:
+        t = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.02
+        return t.requires_grad_()
+
+    h, w = leaf(tokens, model.hidden_size), leaf(model.vocab_size, model.hidden_size)
+    labels = torch.randint(0, model.vocab_size, (tokens,), device="cuda")
+
+    def step() -> None:  # as the executor's loss: gradients added into preset .grad buffers
+        fused_linear_cross_entropy(h, w, labels).backward()
+
+    seconds = _cuda_median(step, repeats=5)
+    return Figure(
+        tokens * model.vocab_size / seconds,
+        f"{model.name} fused LCE fwd+bwd, {tokens} tokens x {model.vocab_size} vocab, bf16",
+    )
+
+
+def elementwise_rate(model: ModelSpec, tokens: int = 16384) -> Figure:
+    """One decoder layer's memory-bound kernels (two RMSNorms, RoPE, SwiGLU, two residual
+    adds), forward + backward through autograd, priced the way the cost model counts them:
+    `ModelSpec.layer_elementwise_bytes` for the forward, twice that for the backward."""
+    from executor.layers import make_rope
+    from kernels import rms_norm, rope, swiglu
+
+    m, dev, bf16 = model, "cuda", torch.bfloat16
+
+    def leaf(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, dtype=bf16).requires_grad_()
+
+    x, y = leaf(tokens, m.hidden_size), leaf(tokens, m.hidden_size)
+    norm_w = torch.ones(m.hidden_size, device=dev, dtype=bf16, requires_grad=True)
+    q = leaf(1, m.num_heads, tokens, m.head_dim)
+    k = leaf(1, m.num_kv_heads, tokens, m.head_dim)
+    gate, up = leaf(tokens, m.intermediate_size), leaf(tokens, m.intermediate_size)
+    tables = make_rope(m, tokens, torch.device(dev), bf16)
+
+    def step() -> None:
+        outs = [
+            rms_norm(x, norm_w, m.rms_norm_eps),
+            rms_norm(y, norm_w, m.rms_norm_eps),
+            *rope(q, k, tables.cos, tables.sin),
+            swiglu(gate, up),
+            x + y,
+            y + x,
+        ]
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+
+    seconds = _cuda_median(step, repeats=5)
+    return Figure(
+        3 * m.layer_elementwise_bytes(1, tokens) / seconds,
+        f"{m.name} layer norms, RoPE, SwiGLU, residuals fwd+bwd, {tokens} tokens, bf16",
+    )
+
+
+def gpu_adam_rate(elements: int = 64 * MB) -> Figure:
+    """The executor's device AdamW (`executor.adam.update_device`) on one unit: BF16 grads in,
+    FP32 master and moments, BF16 weights out."""
+
+    state = OptState(
+        master=torch.rand(elements, device="cuda"),
+        m=torch.zeros(elements, device="cuda"),
+        v=torch.zeros(elements, device="cuda"),
+    )
+    grad = torch.rand(elements, device="cuda").to(torch.bfloat16)
+    weights = torch.empty(elements, device="cuda", dtype=torch.bfloat16)
+    grad32, step_t = torch.empty(elements, device="cuda"), torch.zeros((), device="cuda")
+    hp = StepHp(step=1, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
+    layout = _WholeBuffer(elements)
+    seconds = _cuda_median(
+        lambda: update_device(layout, weights, grad, state, hp, step_t, grad32),
+        repeats=5,
+    )
+    return Figure(elements / seconds, f"executor device AdamW, {elements / 1e6:.0f}M elements")
+
+
+# -- host link ------------------------------------------------------------------------------------
+def link_rates(size_mb: int = 1024) -> dict[str, Figure]:
+    n = size_mb * MB
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dev2 = torch.empty(n, dtype=torch.uint8, device="cuda")
+    pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    pinned2 = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.empty(n, dtype=torch.uint8)
+    up, down = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def both() -> None:
+        with torch.cuda.stream(up):
+            dev.copy_(pinned, non_blocking=True)
+        with torch.cuda.stream(down):
+            pinned2.copy_(dev2, non_blocking=True)
+        up.synchronize()
+        down.synchronize()
+
+    note = f"{size_mb} MiB copies"
+
+    def pageable_up() -> None:
+        dev.copy_(pageable)
+        torch.cuda.synchronize()
+
+    return {
+        "h2d": Figure(
+            n / _cuda_median(lambda: dev.copy_(pinned, non_blocking=True)), f"pinned h2d, {note}"
+        ),
+        "d2h": Figure(
+            n / _cuda_median(lambda: pinned.copy_(dev, non_blocking=True)), f"pinned d2h, {note}"
+        ),
+        "duplex": Figure(
+            n / _host_median(both), f"each way with h2d and d2h on two streams at once, {note}"
+        ),
+        "pageable_h2d": Figure(n / _host_median(pageable_up), f"pageable h2d, {note}"),
+        "pageable_d2h": Figure(
+            n / _host_median(lambda: pageable.copy_(dev)), f"pageable d2h, {note}"
+        ),
+    }
+
+
+# -- CPU ----------------------------------------------------------------------------------------
+class _WholeBuffer:
+    """One weight-decayed range over the whole buffer: all `update_host` asks of a layout."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def decay_ranges(self) -> tuple[tuple[int, int, bool], ...]:
+        return ((0, self.n, True),)
+
+
+class _DmaLoad:
+    """Both copy engines busy (pinned h2d and d2h, 256 MiB copies in a loop) while a CPU probe
+    runs: the DRAM traffic a sliding backward puts beside the host update."""
+
+    def __init__(self, size_mb: int = 256) -> None:
+        n = size_mb * MB
+        self.bufs = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        self.devs = [torch.empty(n, dtype=torch.uint8, device="cuda") for _ in range(2)]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        up, down = torch.cuda.Stream(), torch.cuda.Stream()
+        while not self.stop.is_set():
+            with torch.cuda.stream(up):
+                self.devs[0].copy_(self.bufs[0], non_blocking=True)
+            with torch.cuda.stream(down):
+                self.bufs[1].copy_(self.devs[1], non_blocking=True)
+            up.synchronize()
+            down.synchronize()
+
+    def __enter__(self) -> _DmaLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+ADAM_UNITS = 4  # units the host-update probe walks through in turn, as a step walks its layers
+ADAM_BYTES_PER_ELEMENT = 16  # FP32 master + two moments, BF16 gradient and output
+ADAM_RAM_SHARE = 8  # the probe's units take at most 1/8 of the host's RAM
+
+
+def host_update_unit(layer_params: int, units: int = ADAM_UNITS) -> int:
+    """Elements per unit of the host-update probe: one decoder layer, shrunk so that `units` of
+    them fit in 1/ADAM_RAM_SHARE of the host's RAM (a 405B layer is 3.2e9 elements: four would
+    take 205 GB)."""
+    fit = host_ram_bytes() // (ADAM_RAM_SHARE * units * ADAM_BYTES_PER_ELEMENT)
+    return max(1, min(layer_params, fit))
+
+
+def host_update_units(count: int, elements: int, memory: HostMemory) -> list[HostUnit]:
+    """`count` units of `elements` as the executor holds them for the host update: FP32 master
+    and moments pageable, the BF16 gradient and output from `memory` (pinned when it pins)."""
+
+    units = []
+    for _ in range(count):
+        state = OptState(
+            master=torch.full((elements,), 0.01), m=torch.zeros(elements), v=torch.zeros(elements)
+        )
+        grad = memory.empty(elements, torch.bfloat16).fill_(1e-3)
+        out = memory.empty(elements, torch.bfloat16)
+        units.append((grad, [Part(lo=0, hi=elements, state=state)], out))
+    return units
+
+
+def adam_rate(
+    threads: int, elements: int = 64 * MB, *, units: int = ADAM_UNITS, under_dma: bool = False
+) -> Figure:
+    """The executor's own host update (`executor.adam.update_host`) run the way its `cpu` lane
+    runs it: BF16 gradients in, FP32 master and moments updated in cache-sized fused chunks,
+    BF16 weights cast out in the same pass (28 bytes of DRAM traffic per element); from a thread
+    of its own that sets its intra-op threads (as `LaneWorker` does), over `units` units of
+    `elements` each in turn (`slide calibrate` uses one decoder layer), gradients and output
+    in registered pinned memory (as `HostMemory` allocates them). `under_dma`: with both copy
+    engines streaming (`_DmaLoad`), as during a sliding backward.
+
+    The thread matters most: on the H200 host (2026-11-30, `bench/host_update_conditions.py`)
+    six 3B layers in turn with pinned gradients ran 3.19e9 elem/s from the main thread and
+    2.31e9 from a thread of its own; the old probe (one 64M-element buffer, main thread) read
+    2.64e9. This probe's 1.99e9 on that day's calibration lease matched the executor's steps."""
+
+    memory = HostMemory(pin=torch.cuda.is_available())
+    work = host_update_units(units, elements, memory)
+    hp = StepHp(step=1, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
+    layout = _WholeBuffer(elements)
+
+    def lane() -> float:
+        torch.set_num_threads(threads)
+        scratch = HostScratch(bf16_moments=False)
+
+        def one_pass() -> None:
+            for grad, parts, out in work:
+                update_host(layout, grad, parts, out, hp, scratch)
+
+        return _host_median(one_pass, repeats=3) / units
+
+    previous = torch.get_num_threads()
+    try:
+        with _DmaLoad() if under_dma else contextlib.nullcontext():
+            seconds = _in_thread(lane)
+    finally:
+        torch.set_num_threads(previous)
+        memory.close()
+    load = ", h2d + d2h copies running" if under_dma else ""
+    return Figure(
+        elements / seconds,
+        f"executor host AdamW (bf16 grads, fused bf16 cast) from a lane thread, {units} units of "
+        f"{elements / 1e6:.0f}M elements in turn, {threads} threads{load}",
+        threads,
+    )
+
+
+def _in_thread(fn: Callable[[], float]) -> float:
+    """fn's result, run in a new thread (its exception re-raised here)."""
+    result: list[float] = []
+    error: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=body, name="calibrate-cpu-lane")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def cast_rate(threads: int, elements: int = 64 * MB) -> Figure:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.rand(elements)
+        dst = torch.empty(elements, dtype=torch.bfloat16)
+        rate = elements / _host_median(lambda: dst.copy_(src))
+    finally:
+        torch.set_num_threads(previous)
+    return Figure(rate, f"fp32 -> bf16 copy, {elements / 1e6:.0f}M elements, {threads} threads")
+
+
+def host_ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# -- NVMe ---------------------------------------------------------------------------------------
+def nvme_rates(directory: Path, size_mb: int = 1024) -> dict[str, Figure]:
+    """Sequential write then read of one file, with O_DIRECT where the file system allows it.
+    The write is timed on its second pass: a run writes its state files once at set-up and then
+    overwrites them every step, and on the H200 machine's ext4 a first write (blocks being
+    allocated) ran at 1.54 GB/s where the steps' overwrites ran at 2.6."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".slide-calibrate-{os.getpid()}"
+    block = 16 * MB
+    buf = bytearray(os.urandom(block))
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0)
+    try:
+        fd = _open(path, flags)
+        source = _aligned(buf)
+        for _ in range(2):  # lay the file out, then time an overwrite
+            t0 = time.perf_counter()
+            for k in range(size_mb * MB // block):
+                os.pwrite(fd, source, k * block)
+            os.fsync(fd)
+        write = size_mb * MB / (time.perf_counter() - t0)
+        target = _aligned(bytearray(block))
+        t0 = time.perf_counter()
+        for k in range(size_mb * MB // block):
+            os.preadv(fd, [target], k * block)
+        read = size_mb * MB / (time.perf_counter() - t0)
+        os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+    note = f"{size_mb} MiB sequential, 16 MiB blocks, {'O_DIRECT' if flags & getattr(os, 'O_DIRECT', 0) else 'buffered'}"
+    return {"read": Figure(read, note), "write": Figure(write, note + ", overwriting")}
+
+
+def _open(path: Path, flags: int) -> int:
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError:  # tmpfs and some overlays refuse O_DIRECT
+        return os.open(path, flags & ~getattr(os, "O_DIRECT", 0), 0o600)
+
+
+def _aligned(buf: bytearray) -> memoryview:
+    """O_DIRECT needs page-aligned memory: an mmap-backed buffer is."""
+    import mmap
+
+    m = mmap.mmap(-1, len(buf))
+    m.write(buf)
+    return memoryview(m)

@@ -1,0 +1,290 @@
+"""The probes a machine profile is measured with, at two sizes, and the profile they make.
+
+`slide calibrate` runs them at `CALIBRATE` sizes (whole decoder layers for the host update, 1 GiB
+copies; about 3 minutes on the H200 host); `--machine auto` at `AUTO` sizes, picked to take at
+most ~20 s together there (see `AUTO`). Both build the same `Machine` with `profile`, every figure
+sourced `measured: <GPU>, <date>, <how>`, and both describe the host with `Host`, whose `key`
+names its entry in the profile cache (`slide.calibration.auto_machine`).
+
+The probes themselves are `slide.calibration.gpu_probes`'s; the table below only picks their sizes, so a
+test can monkeypatch those functions and run everything else here without a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slide_ir.specs.hardware import (
+    Cpu,
+    Gpu,
+    Link,
+    Machine,
+    Nvme,
+    UnknownHardwareError,
+    gpu_names,
+    load_gpu,
+)
+from slide_ir.specs.hardware_parts import freeze_sources
+from slide_ir.specs.model import load_model
+
+log = logging.getLogger(__name__)
+GIB = 1 << 30
+MIB = 1 << 20
+PROFILE_VERSION = 1  # part of every cache key: bump it when the probes change what they measure
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Host:
+    """What a measured profile belongs to; two hosts alike in all of it share a cache entry."""
+
+    gpu: str  # torch.cuda.get_device_name
+    gpu_memory_bytes: int
+    cpu: str  # /proc/cpuinfo "model name" (else platform.processor / machine)
+    cores: int  # usable cores (sched_getaffinity): the probes' and the executor's threads
+    ram_bytes: int  # physical memory
+
+    @property
+    def key(self) -> str:
+        """A file-name-safe key: readable parts, then a digest of the exact description (memory
+        sizes in whole GiB: the kernel's reserve moves MemTotal by a few MiB between boots)."""
+        gpu_gib, ram_gib = round(self.gpu_memory_bytes / GIB), round(self.ram_bytes / GIB)
+        exact = [PROFILE_VERSION, self.gpu, gpu_gib, self.cpu, self.cores, ram_gib]
+        digest = hashlib.sha256(json.dumps(exact).encode()).hexdigest()[:10]
+        return f"{_slug(self.gpu)}-{gpu_gib}g--{_slug(self.cpu)}-{self.cores}c-{ram_gib}g--{digest}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "unknown"
+
+
+def this_host(device: Any) -> Host:
+    """The host `device` (a CUDA torch.device) sits in."""
+    import torch
+
+    from slide.calibration.gpu_probes import host_ram_bytes
+
+    return Host(
+        gpu=torch.cuda.get_device_name(device),
+        gpu_memory_bytes=torch.cuda.get_device_properties(device).total_memory,
+        cpu=cpu_model(),
+        cores=usable_cores(),
+        ram_bytes=host_ram_bytes(),
+    )
+
+
+def usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass  # not Linux: platform's answer below
+    return platform.processor() or platform.machine() or "unknown-cpu"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProbeSizes:
+    """How big each probe is; the GPU probes time `model`'s layer shapes."""
+
+    model: str
+    matmul_tokens: int
+    attention_batch: int
+    attention_seq: int
+    hbm_mb: int
+    lce_tokens: int
+    elementwise_tokens: int
+    gpu_adam_elements: int
+    link_mb: int
+    adam_elements: int | None  # per unit of the host update; None: one decoder layer
+    cast_elements: int
+
+
+CALIBRATE = ProbeSizes(
+    model="llama-3.1-8b", matmul_tokens=8192, attention_batch=4, attention_seq=2048, hbm_mb=2048,
+    lce_tokens=8192, elementwise_tokens=16384, gpu_adam_elements=64 * MIB, link_mb=1024,
+    adam_elements=None, cast_elements=64 * MIB,
+)  # fmt: skip
+# `--machine auto` (estimated for the H200 host from its calibrated rates; not yet timed there):
+# the GPU probes keep calibrate's sizes but a 1 GiB HBM copy (together < 2 s once Triton's
+# kernels are compiled; the compile is cached on disk and the run needs it anyway); the link
+# copies drop to 256 MiB (5 ms each at 55 GB/s, past the per-copy overhead; ~1 s with pinning);
+# the host update runs 4 units of 64M elements (a llama-3.2-3b layer is 100M; 1.8 GB of DRAM
+# traffic per unit, far past any last-level cache) instead of 218M-element 8B layers. Its cost is
+# mostly first-touching the 4 GiB each of its three runs (all threads, half, under DMA) allocates:
+# 6 s a run on a 2-core CPU-only box, ~1.5-2 s expected with the H200 host's 12 threads, so ~6 s
+# for the three; the cast, 32M elements: ~0.1 s. `run_probes` warns when the total overruns.
+AUTO_BUDGET_S = 20.0
+AUTO = ProbeSizes(
+    model="llama-3.1-8b", matmul_tokens=8192, attention_batch=4, attention_seq=2048, hbm_mb=1024,
+    lce_tokens=8192, elementwise_tokens=16384, gpu_adam_elements=64 * MIB, link_mb=256,
+    adam_elements=64 * MIB, cast_elements=32 * MIB,
+)  # fmt: skip
+
+
+def probe_table(
+    sizes: ProbeSizes, host: Host, nvme_dir: Path | None = None
+) -> dict[str, Callable[[], Any]]:
+    """The probes in the order they run, each a call that returns a Figure (or a dict of them)."""
+    from executor.train import default_optimizer_threads
+    from slide.calibration import gpu_probes as cal
+
+    model = load_model(sizes.model)
+    threads = default_optimizer_threads()  # the executor's optimizer threads on a CUDA host
+    unit = cal.host_update_unit(model.layer_params)
+    unit = unit if sizes.adam_elements is None else min(unit, sizes.adam_elements)
+    s = sizes
+    probes: dict[str, Callable[[], Any]] = {
+        "matmul": lambda: cal.matmul_rate(model, s.matmul_tokens),
+        "attention": lambda: cal.attention_rate(model, s.attention_batch, s.attention_seq),
+        "hbm": lambda: cal.hbm_rate(s.hbm_mb),
+        "lce": lambda: cal.lce_rate(model, s.lce_tokens),
+        "elementwise": lambda: cal.elementwise_rate(model, s.elementwise_tokens),
+        "gpu_adam": lambda: cal.gpu_adam_rate(s.gpu_adam_elements),
+        "link": lambda: cal.link_rates(s.link_mb),
+        "adam_all": lambda: cal.adam_rate(threads, unit),
+        "adam_half": lambda: cal.adam_rate(max(1, threads // 2), unit),
+        "adam_under_dma": lambda: cal.adam_rate(threads, unit, under_dma=True),
+        "cast": lambda: cal.cast_rate(host.cores, s.cast_elements),
+    }
+    if nvme_dir is not None:
+        probes["nvme"] = lambda: cal.nvme_rates(nvme_dir)
+    return probes
+
+
+def run_probes(
+    probes: Mapping[str, Callable[[], Any]],
+    *,
+    progress: bool = False,
+    budget_s: float | None = None,
+) -> dict:  # type: ignore[type-arg]
+    """Each probe's result by name; how long each took goes to the log (a warning when together
+    they overran `budget_s`: the sizes were picked for one host, and another may be slower)."""
+    from tqdm import tqdm
+
+    got, seconds = {}, {}
+    for key in tqdm(probes, desc="calibrate", unit="probe", disable=not progress):
+        t0 = time.perf_counter()
+        got[key] = probes[key]()
+        seconds[key] = time.perf_counter() - t0
+    total, each = sum(seconds.values()), ", ".join(f"{k} {v:.1f}" for k, v in seconds.items())
+    if budget_s is not None and total > budget_s:
+        log.warning("the probes took %.1f s, over their %.0f s budget (%s)", total, budget_s, each)
+    else:
+        log.info("the probes took %.1f s (%s)", total, each)
+    return got
+
+
+def profile(
+    name: str, host: Host, got: Mapping[str, Any], stamp: str, nvme_dir: Path | None = None
+) -> Machine:
+    """The machine the probe results describe; every figure's source is `stamp: <how>`. The
+    drive (when `got` has an "nvme" probe) is the one holding `nvme_dir`."""
+    peak, peak_source = _datasheet_peak(host.gpu, got["matmul"].value / 1e12)
+    adam_all, adam_half, loaded = got["adam_all"], got["adam_half"], got["adam_under_dma"]
+    half, link, cores = adam_half.threads, got["link"], host.cores
+    gpu = Gpu(
+        name=_slug(host.gpu),
+        memory_bytes=host.gpu_memory_bytes,
+        bf16_peak_tflops=peak,
+        bf16_matmul_tflops=got["matmul"].value / 1e12,
+        hbm_bytes_per_s=got["hbm"].value,
+        attention_tflops=got["attention"].value / 1e12,
+        lce_logits_per_s=got["lce"].value,
+        elementwise_bytes_per_s=got["elementwise"].value,
+        adam_elems_per_s=got["gpu_adam"].value,
+    )
+    # A per-core rate from the half-core run and a DRAM bound from the all-core run (28 B/elem):
+    # rate(threads) = min(threads * per_core, dram / 28) reproduces both measurements.
+    cpu = Cpu(
+        name=f"{_slug(host.cpu)}-{cores}c",
+        cores=cores,
+        adam_elems_per_s_per_core=adam_half.value / half,
+        cast_elems_per_s_per_core=got["cast"].value / cores,
+        dram_bytes_per_s=max(adam_all.value, adam_half.value) * 28,
+        dram_under_dma_bytes_per_s=loaded.value * 28,
+        simd="measured host",
+    )
+    drives = () if "nvme" not in got else (_drive(got["nvme"], nvme_dir or Path(".")),)
+    notes = {
+        "gpu.memory_bytes": "torch.cuda.get_device_properties().total_memory",
+        "gpu.bf16_matmul_tflops": got["matmul"].note,
+        "gpu.hbm_bytes_per_s": got["hbm"].note,
+        "gpu.attention_tflops": got["attention"].note,
+        "gpu.lce_logits_per_s": got["lce"].note,
+        "gpu.elementwise_bytes_per_s": got["elementwise"].note,
+        "gpu.adam_elems_per_s": got["gpu_adam"].note,
+        **{f"link.{k}_bytes_per_s": link[k].note for k in _LINK_KEYS},
+        "cpu.cores": "os.sched_getaffinity",
+        "cpu.simd": "not probed",
+        "cpu.adam_elems_per_s_per_core": adam_half.note + f" / {half}",
+        "cpu.dram_bytes_per_s": adam_all.note + " x 28 B/element",
+        "cpu.dram_under_dma_bytes_per_s": loaded.note + " x 28 B/element",
+        "cpu.cast_elems_per_s_per_core": got["cast"].note + f" / {cores}",
+        "ram_bytes": "os.sysconf physical pages",
+    }
+    if drives:
+        notes |= {f"nvme[0].{k}": got["nvme"]["read"].note for k in _DRIVE_KEYS}
+    sources = {"gpu.bf16_peak_tflops": peak_source} | {k: f"{stamp}: {v}" for k, v in notes.items()}
+    return Machine(
+        name=name,
+        gpu=gpu,
+        link=Link(name="measured-link", **{f"{k}_bytes_per_s": link[k].value for k in _LINK_KEYS}),
+        cpu=cpu,
+        ram_bytes=host.ram_bytes,
+        nvme=drives,
+        price_usd=None,
+        sources=freeze_sources(sources),
+    )
+
+
+_LINK_KEYS = ("h2d", "d2h", "duplex", "pageable_h2d", "pageable_d2h")
+_DRIVE_KEYS = ("read_bytes_per_s", "write_bytes_per_s", "capacity_bytes", "gds")
+
+
+def _drive(rates: Mapping[str, Any], directory: Path) -> Nvme:
+    st = os.statvfs(directory)  # its free space is what a run can use
+    return Nvme(
+        name="calibrated-drive",
+        capacity_bytes=st.f_bavail * st.f_frsize,
+        gds=False,
+        read_bytes_per_s=rates["read"].value,
+        write_bytes_per_s=rates["write"].value,
+    )
+
+
+def _datasheet_peak(device: str, measured_tflops: float) -> tuple[float, str]:
+    """The catalog GPU whose name appears in the device name keeps its datasheet peak."""
+    key = device.lower().replace("nvidia", "").replace(" ", "")
+    for name in sorted(gpu_names(), key=len, reverse=True):
+        if name.replace("-", "") in key:
+            try:
+                gpu, sources = load_gpu(name)
+            except UnknownHardwareError:
+                break
+            return gpu.bf16_peak_tflops, sources.get("bf16_peak_tflops", f"catalog gpu {name}")
+    return measured_tflops, f"no datasheet match for {device!r}: the measured matmul rate"
+
+
+def header(title: str, got: Mapping[str, Any]) -> str:
+    """The raw probe results as TOML comments, for the top of a profile file."""
+    lines = [f"# {title}: raw probe results"]
+    for key, fig in got.items():
+        for sub, f in fig.items() if isinstance(fig, dict) else [("", fig)]:
+            lines.append(f"# {key}{'.' + sub if sub else ''}: {f.value:.4g} ({f.note})")
+    return "\n".join(lines) + "\n"

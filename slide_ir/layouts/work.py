@@ -1,0 +1,168 @@
+"""What one GPU of each pipeline stage holds and does per micro-batch: parameters, FLOPs,
+activation bytes and collective message sizes. Physical units only (never seconds).
+
+Per GPU of stage s (its layers from `stage_sizes`: L/p each or the explicit split; the embedding
+on the first stage, final norm and LM head on the last):
+- parameters: non-expert ones / TP, routed experts / EP (expert TP = 1);
+- FLOPs per micro-batch: every active FLOP of the stage / (TP x CP): TP splits the matmuls,
+  CP the tokens, EP only moves tokens (balanced routing assumed); attention FLOPs are also
+  multiplied by the zigzag imbalance (slowest CP rank);
+- activations: `activation_terms` per token, / (TP x CP) (sequence parallelism shards norms
+  and residuals too).
+
+Messages per micro-batch (bytes, BF16 activations), the full logical tensor of each collective:
+- TP: one all-reduce-equivalent per tensor-parallel block per pass (with sequence parallelism
+  an all-gather + reduce-scatter of tokens/CP x hidden moves the same bytes): the attention of
+  every layer, the MLP of dense layers only (routed and shared experts run with expert TP = 1
+  on the sequence-parallel shard, so an MoE block needs no TP collective), the vocab-parallel
+  embedding on the first stage and the LM head's gather on the last;
+- CP: a ring exchange of K and V, (CP - 1) rounds of one rank's chunk (forward); backward sends
+  K, V and their gradients (2x); what moves per token is `_cp_kv`'s;
+- EP: dispatch + combine all-to-all of local tokens x experts-per-token x hidden per MoE layer
+  and pass;
+- PP: one send of the stage's output activations (tokens/(TP x CP) x hidden), one of its grad;
+- DP: the stage's gradients once per step (FP32 as kept), reduce-scattered (sharded optimizer)
+  or all-reduced; weights (BF16) all-gathered after a sharded update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slide_ir.layouts.plan import Layout, cp_imbalance, stage_sizes
+from slide_ir.specs import moe
+from slide_ir.specs.model import ModelSpec
+
+BF16, FP32 = 2, 4
+
+
+def stage_layers(spec: ModelSpec, lay: Layout, stage: int) -> range:
+    """Decoder layers (1-based) of pipeline stage `stage` (0-based)."""
+    sizes = stage_sizes(spec, lay)
+    first = sum(sizes[:stage]) + 1
+    return range(first, first + sizes[stage])
+
+
+def activation_terms(spec: ModelSpec, layer: int) -> dict[str, int]:
+    """Bytes autograd keeps per token for one layer's backward (no recompute), unsharded.
+
+    Attention block: norm output, q/k/v, q/k after RoPE, attention output, FP32 logsumexp
+    per head, both norms' FP32 rstd, residual, second norm output, layer output. MLP: gate and
+    up, their SwiGLU product; MoE layer: FP32 router scores, and per routed copy the permuted
+    input, gate/up and product, plus the shared experts' gate/up/product.
+    """
+    h, q = spec.hidden_size, spec.num_heads * spec.head_dim
+    k, v = (q, moe.v_dim(spec)) if spec.kv_lora_rank else (spec.kv_dim, spec.kv_dim)
+    terms = {
+        "norm1.out": h * BF16,
+        "qkv": (q + k + v) * BF16,
+        "qk.rope": (q + k) * BF16,
+        "attn.out": spec.num_heads * (spec.v_head_dim or spec.head_dim) * BF16,
+        "attn.lse": spec.num_heads * FP32,
+        "norm.rstd": 2 * FP32,
+        "resid": h * BF16,
+        "norm2.out": h * BF16,
+        "out": h * BF16,
+    }
+    if spec.kv_lora_rank:  # MLA keeps the compressed q and kv it expands
+        terms["mla.latent"] = (spec.q_lora_rank + spec.kv_lora_rank) * BF16
+    if not moe.is_moe_layer(spec, layer):
+        terms["mlp"] = 3 * spec.intermediate_size * BF16
+        return terms
+    im = spec.moe_intermediate_size
+    terms["router"] = spec.num_experts * FP32
+    terms["experts"] = spec.experts_per_token * (h + 3 * im) * BF16
+    terms["shared"] = spec.shared_experts * 3 * im * BF16
+    return terms
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageWork:
+    """One GPU of one pipeline stage, per micro-batch unless named per step."""
+
+    stage: int
+    layers: int
+    moe_layers: int
+    dense_params: int  # this GPU's share of non-expert weights
+    expert_params: int  # this GPU's share of routed-expert weights
+    fwd_flops: float
+    fwd_attn_flops: float
+    fwd_bytes: int  # elementwise HBM traffic of the forward
+    act_bytes: int  # kept for backward per micro-batch (all layers, no recompute)
+    input_bytes: int  # layer inputs kept per micro-batch under recompute
+    layer_peak_bytes: int  # one layer's saved tensors: the recompute working set
+    logits_bytes: int  # last stage: logits, FP32 copy and gradient
+    tp_blocks: int  # tensor-parallel blocks (one collective each per pass)
+    tp_bytes: int  # TP collective message per pass (all layers)
+    cp_bytes: int  # CP ring bytes sent per rank in the forward
+    ep_bytes: int  # EP all-to-all bytes per rank per pass
+    pp_bytes: int  # activation (or gradient) sent to the neighbour stage
+
+    @property
+    def params(self) -> int:
+        return self.dense_params + self.expert_params
+
+
+def stage_work(spec: ModelSpec, lay: Layout, stage: int) -> StageWork:
+    layers = stage_layers(spec, lay, stage)
+    b, s, split = lay.micro_batch_size, lay.seq, lay.tp * lay.cp
+    tokens = b * s
+    dense = sum(moe.layer_params(spec, i) - moe.routed_expert_params(spec, i) for i in layers)
+    experts = sum(moe.routed_expert_params(spec, i) for i in layers)
+    last = stage == lay.pp - 1
+    if stage == 0:
+        dense += spec.embedding_params
+    if last:
+        dense += spec.final_norm_params + spec.lm_head_params
+    attn = moe.attention_fwd_flops(spec, b, s) * len(layers)
+    linear = sum(2.0 * tokens * moe.active_matmul_params(spec, i) for i in layers)
+    if last:
+        linear += spec.head_fwd_flops(b, s)
+    per_layer_act = [sum(activation_terms(spec, i).values()) * tokens // split for i in layers]
+    hidden_local = tokens * spec.hidden_size * BF16 // split
+    n_moe = sum(moe.is_moe_layer(spec, i) for i in layers)
+    tp_blocks = 2 * len(layers) - n_moe + (stage == 0) + last  # attention, dense MLP, embed, head
+    kv_per_token, kv_split = _cp_kv(spec, lay.tp)
+    return StageWork(
+        stage=stage,
+        layers=len(layers),
+        moe_layers=n_moe,
+        dense_params=-(-dense // lay.tp),
+        expert_params=-(-experts // lay.ep),
+        fwd_flops=(linear + attn * cp_imbalance(s, lay.cp)) / split,
+        fwd_attn_flops=attn * cp_imbalance(s, lay.cp) / split,
+        fwd_bytes=sum(moe.layer_elementwise_bytes(spec, i, b, s) for i in layers) // split,
+        act_bytes=sum(per_layer_act),
+        input_bytes=hidden_local * len(layers),
+        layer_peak_bytes=max(per_layer_act),
+        logits_bytes=tokens // lay.cp * -(-spec.vocab_size // lay.tp) * 10 if last else 0,
+        tp_blocks=tp_blocks if lay.tp > 1 else 0,
+        tp_bytes=tp_blocks * tokens // lay.cp * spec.hidden_size * BF16 if lay.tp > 1 else 0,
+        cp_bytes=(lay.cp - 1) * len(layers) * tokens // lay.cp * kv_per_token // kv_split,
+        ep_bytes=2 * n_moe * spec.experts_per_token * hidden_local if lay.ep > 1 else 0,
+        pp_bytes=hidden_local if lay.pp > 1 else 0,
+    )
+
+
+def _cp_kv(spec: ModelSpec, tp: int) -> tuple[int, int]:
+    """(bytes per token the CP ring moves, the TP split of them). GQA: K and V of the KV heads,
+    split by TP up to the KV heads. MLA: expanded K and V of every head, split by TP (ring
+    attention on the expanded heads). Sparse MLA (DSA) runs in MQA mode: every head attends to
+    the one compressed latent (kv_lora_rank + rope dims) per token, which is what moves, whole."""
+    if moe.dsa_indexer(spec)[0]:
+        return (spec.kv_lora_rank + spec.qk_rope_head_dim) * BF16, 1
+    if spec.kv_lora_rank:
+        return (spec.num_heads * spec.head_dim + moe.v_dim(spec)) * BF16, tp
+    return 2 * spec.kv_dim * BF16, min(tp, spec.num_kv_heads)
+
+
+def all_stages(spec: ModelSpec, lay: Layout) -> list[StageWork]:
+    return [stage_work(spec, lay, s) for s in range(lay.pp)]
+
+
+def model_flops_per_step(spec: ModelSpec, lay: Layout) -> float:
+    """Model FLOPs of one step (forward + 2x backward, no recompute), all GPUs together."""
+    b, s = lay.micro_batch_size, lay.seq
+    fwd = sum(moe.layer_fwd_flops(spec, i, b, s) for i in range(1, spec.num_layers + 1))
+    fwd += spec.head_fwd_flops(b, s)
+    return 3 * fwd * lay.batch / b

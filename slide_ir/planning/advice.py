@@ -1,0 +1,72 @@
+"""What would make an infeasible plan fit: each suggestion is checked against the ledger."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from slide_ir.planning.ledger import Ledger, build_ledger
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine, with_drives
+from slide_ir.specs.model import ModelSpec
+
+GB = 1e9
+
+
+def suggest_fixes(
+    model: ModelSpec, machine: Machine, config: TrainConfig, ledger: Ledger
+) -> list[str]:
+    """Changes that make the plan fit, one line each, most specific first."""
+    over = dict(ledger.overflows())
+    out: list[str] = []
+    if "gpu" in over:
+        if config.activations == "gpu" and _fits(
+            model, machine, replace(config, activations="cpu"), "gpu"
+        ):
+            out.append("keep activations in CPU memory (--activations cpu)")
+        batch = _largest_batch(model, machine, config)
+        if batch:
+            out.append(f"reduce the batch to {batch} (--batch {batch})")
+        if config.cache_depth > 2:
+            two = replace(config, cache_units=2)
+            if _fits(model, machine, two, "gpu"):
+                out.append("use two GPU cache units (--cache-units 2)")
+            elif not batch and (both := _largest_batch(model, machine, two)):
+                out.append(f"two GPU cache units and batch {both} (--cache-units 2 --batch {both})")
+        need = ledger.peak_bytes("gpu") / GB
+        out.append(f"use a GPU with at least {need:.1f} GB")
+    if "cpu" in over:
+        trial = machine if machine.nvme else with_drives(machine, 1)
+        extra = "" if machine.nvme else " --nvme 1"
+        for field in ("optimizer", "activations"):
+            if getattr(config, field) != "nvme":
+                moved = replace(config, **{field: "nvme"})  # type: ignore[arg-type]
+                if _fits(model, trial, moved, "cpu"):
+                    out.append(f"move {field} state to NVMe (--{field} nvme{extra})")
+        need = (ledger.peak_bytes("cpu") + 1) / GB
+        out.append(f"more host RAM: at least {need:.0f} GB (--ram-gb {need:.0f})")
+    if "nvme" in over:
+        out.append(f"more NVMe capacity: {ledger.peak_bytes('nvme') / GB:.0f} GB needed (--nvme N)")
+    return out
+
+
+def _fits(model: ModelSpec, machine: Machine, config: TrainConfig, tier: str) -> bool:
+    """Whether `tier` fits under `config` (other tiers are judged by their own suggestions)."""
+    try:
+        ledger = build_ledger(model, machine, config)
+    except ValueError:
+        return False
+    return ledger.peak_bytes(tier) <= ledger.capacity_bytes(tier)
+
+
+def _largest_batch(model: ModelSpec, machine: Machine, config: TrainConfig) -> int | None:
+    """Largest batch below the requested one whose GPU ledger fits (bisection: GPU bytes grow
+    with the batch)."""
+    lo, hi = 0, config.batch
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ledger = build_ledger(model, machine, replace(config, batch=mid))
+        if ledger.peak_bytes("gpu") <= ledger.capacity_bytes("gpu"):
+            lo = mid
+        else:
+            hi = mid
+    return lo or None

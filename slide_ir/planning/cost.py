@@ -1,0 +1,318 @@
+"""CostModel: an op's physical work (FLOPs, bytes, elements) and a machine's rates -> seconds.
+
+Roofline style, one handler per `OpKind` (a test checks the table covers every kind):
+
+- GPU compute (fwd, recompute, bwd, loss): matmul FLOPs / achieved BF16 matmul rate + attention
+  FLOPs / achieved SDPA rate + elementwise bytes / the rate our memory-bound kernels reach
+  (`gpu.elementwise_bytes_per_s`, else HBM bandwidth). The three run as separate, serial
+  kernels, so their times add (a roofline max would assume they overlap). The fused loss is
+  priced as a whole at the measured LCE rate (`gpu.lce_logits_per_s`, logits = work.elements)
+  where the profile has one;
+- `gpu_adam`: elements / the measured device AdamW rate (`gpu.adam_elems_per_s`), else bytes
+  touched / HBM bandwidth;
+- transfers on `h2d`/`d2h`: bytes / the link's *duplex* rate (each way, both directions busy). The
+  sliding schedule overlaps uploads with downloads during backward, where they matter most; using
+  the duplex rate for every transfer is the simple, slightly pessimistic choice (the forward
+  phase's lone uploads run a little faster on a real link);
+- `adam`: elements / the CPU's Adam rate at `work.bytes // work.elements` bytes per element
+  (28 for FP32 weights + grads + moments: the rate is memory-bandwidth bound). The copy engines
+  share that DRAM: on the H200 host full duplex traffic cost the update 20-35% of its rate
+  (bench/RESULTS.md). `seconds` prices every update at full load
+  (`cpu.dram_under_dma_bytes_per_s`); `seconds_under_dma` at a given share of it, which the
+  simulator takes from the traffic each update actually meets;
+- `cast`: elements / the CPU's FP32 -> BF16 cast rate;
+- `grad_accum`: bytes touched / the CPU's DRAM bandwidth (a streaming add, memory bound);
+- NVMe: bytes / the lane's drive rate (`nvme0` is drive 0, ...);
+- collectives of a data-parallel rank's graph (`slide_ir.planning.data_parallel`) on its `net` lane, when
+  the model is built with `nproc` > 1 ranks on one node: ring algorithms over the GPU-to-GPU
+  link (`machine.peer_bytes_per_s`: NVLink per GPU per direction, else PCIe peer-to-peer). With
+  B = work.bytes (the whole message: every rank's shard), N ranks, link rate bw and a latency
+  `RING_STEP_S` per ring step:
+
+      reduce-scatter, all-gather   (N - 1) x RING_STEP_S + (N - 1) / N x B / bw
+      all-reduce                   2 (N - 1) x RING_STEP_S + 2 (N - 1) / N x B / bw
+
+  The N ranks share one host: its CPU, DRAM and drives run every rank's share of the update at
+  once, so the `cpu` and `nvme` lanes' rates are the host's divided by N, and a host update
+  meets N ranks' DMA traffic (its load N times one rank's, at most full duplex). Multi-node
+  layout graphs price their collectives with `slide_ir.layouts.cost.LayoutCosts` instead.
+
+Every rate is multiplied by a named efficiency factor (`Efficiency`) that `slide calibrate` fits
+from measured traces; each op also pays a fixed `launch_s` (kernel launch / copy setup / thread
+hand-off) so that thousands of tiny ops are not free. The machine is read through attributes only
+(`machine.gpu.bf16_matmul_tflops`, ...), so any object shaped like `slide_ir.specs.hardware.Machine`
+works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slide_ir.ir.graph import Op, OpKind, Work
+
+# Latency of one ring step of an intra-node collective (a send to the next rank and its
+# arrival). An estimate, not a measurement: NCCL's small-message collectives on one NVLink node
+# take some microseconds per step; `slide calibrate` does not fit it yet.
+RING_STEP_S = 5e-6
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Efficiency:
+    """Multipliers on the machine's rates (1.0: the profile's figure as is) and fixed latencies."""
+
+    matmul: float = 1.0  # on gpu.bf16_matmul_tflops (already an achieved, not peak, rate)
+    hbm: float = 1.0  # on gpu.hbm_bytes_per_s
+    link: float = 1.0  # on link.duplex_bytes_per_s
+    adam: float = 1.0  # on cpu.adam_elems_per_s
+    cast: float = 1.0  # on cpu.cast_elems_per_s
+    dram: float = 1.0  # on cpu.dram_bytes_per_s (streaming element-wise CPU work)
+    nvme: float = 1.0  # on each drive's read/write rate
+    launch_s: float = 10e-6  # fixed cost of every op
+
+    def __post_init__(self) -> None:
+        for name in ("matmul", "hbm", "link", "adam", "cast", "dram", "nvme"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Efficiency.{name} must be > 0, got {getattr(self, name)}")
+        if self.launch_s < 0:
+            raise ValueError(f"Efficiency.launch_s must be >= 0, got {self.launch_s}")
+
+
+Handler = Callable[["CostModel", Op], float]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Rates:
+    """The machine's rates with efficiencies applied, resolved once (in units per second)."""
+
+    flops: float
+    attention: float
+    hbm: float
+    elementwise: float  # bytes/s of the memory-bound layer kernels
+    lce: float | None  # logits/s of the fused loss
+    gpu_adam: float | None  # elements/s of the device AdamW
+    link: float
+    peer: float  # GPU-to-GPU bytes/s per direction (collectives)
+    adam: Callable[[int, float], float]  # (bytes per element, DMA load 0..1) -> elements/s
+    cast: float
+    dram: float
+    nvme_read: tuple[float, ...]
+    nvme_write: tuple[float, ...]
+
+
+class CostModel:
+    """(op) -> seconds for one machine. Stateless after construction."""
+
+    __slots__ = ("efficiency", "machine", "nproc", "rates", "threads")
+
+    def __init__(
+        self,
+        machine: Any,
+        *,
+        cpu_threads: int | None = None,
+        efficiency: Efficiency | None = None,
+        nproc: int = 1,
+    ) -> None:
+        if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+            raise ValueError(f"nproc must be a whole number >= 1, got {nproc!r}")
+        self.machine = machine
+        self.threads = cpu_threads
+        self.nproc = nproc  # data-parallel ranks sharing this machine's host
+        self.efficiency = efficiency or Efficiency()
+        self.rates = _resolve(machine, cpu_threads, self.efficiency, nproc)
+
+    def seconds(self, op: Op) -> float:
+        return self.efficiency.launch_s + HANDLERS[op.kind](self, op)
+
+    def seconds_under_dma(self, op: Op, dma_load: float) -> float:
+        """`seconds`, with a host AdamW priced beside `dma_load` (0 to 1) of the link's full
+        duplex traffic instead of all of it: the simulator re-prices each update by the
+        traffic it met (`simulator.dram`)."""
+        if op.kind != OpKind.ADAM:
+            return self.seconds(op)
+        return self.efficiency.launch_s + _adam_at(self, op, min(1.0, dma_load * self.nproc))
+
+    def compute_seconds(self, w: Work) -> float:
+        """GPU compute: matmul, attention and elementwise kernels, serial."""
+        r = self.rates
+        return (
+            (w.flops - w.attn_flops) / r.flops
+            + w.attn_flops / r.attention
+            + w.bytes / r.elementwise
+        )
+
+    def describe(self) -> dict[str, object]:
+        """Rates as used, for a trace's `meta` (what produced these predictions)."""
+        r = self.rates
+        return {
+            "matmul_flops_per_s": r.flops,
+            "attention_flops_per_s": r.attention,
+            "hbm_bytes_per_s": r.hbm,
+            "elementwise_bytes_per_s": r.elementwise,
+            "lce_logits_per_s": r.lce,
+            "gpu_adam_elems_per_s": r.gpu_adam,
+            "link_bytes_per_s": r.link,
+            "adam_elems_per_s_fp32": r.adam(28, 1.0),
+            "cast_elems_per_s": r.cast,
+            "dram_bytes_per_s": r.dram,
+            "nvme_read_bytes_per_s": list(r.nvme_read),
+            "nvme_write_bytes_per_s": list(r.nvme_write),
+            "cpu_threads": self.threads,
+            "launch_s": self.efficiency.launch_s,
+            # the net lane's rate and the ranks sharing the host (single-GPU traces unchanged)
+            **({"peer_bytes_per_s": r.peer, "nproc": self.nproc} if self.nproc > 1 else {}),
+        }
+
+
+def _resolve(machine: Any, threads: int | None, eff: Efficiency, nproc: int = 1) -> _Rates:
+    gpu, link, cpu = machine.gpu, machine.link, machine.cpu
+    drives = tuple(getattr(machine, "nvme", ()) or ())
+    share = 1.0 / nproc  # of the host's CPU, DRAM and drives, per rank
+
+    def adam(bytes_per_elem: int, dma_load: float = 1.0) -> float:
+        rate = cpu.adam_elems_per_s(
+            threads=threads, bytes_per_elem=bytes_per_elem, dma_load=dma_load
+        )
+        return float(rate) * eff.adam * share
+
+    return _Rates(
+        flops=gpu.bf16_matmul_tflops * 1e12 * eff.matmul,
+        attention=gpu.attention_tflops * 1e12 * eff.matmul,
+        hbm=gpu.hbm_bytes_per_s * eff.hbm,
+        elementwise=(getattr(gpu, "elementwise_bytes_per_s", None) or gpu.hbm_bytes_per_s)
+        * eff.hbm,
+        lce=_scaled(getattr(gpu, "lce_logits_per_s", None), eff.matmul),
+        gpu_adam=_scaled(getattr(gpu, "adam_elems_per_s", None), eff.hbm),
+        link=link.duplex_bytes_per_s * eff.link,
+        peer=float(getattr(machine, "peer_bytes_per_s", None) or link.duplex_bytes_per_s),
+        adam=adam,
+        cast=_cast_rate(cpu, threads) * eff.cast * share,
+        dram=cpu.dram_bytes_per_s * eff.dram * share,
+        nvme_read=tuple(d.read_bytes_per_s * eff.nvme * share for d in drives),
+        nvme_write=tuple(d.write_bytes_per_s * eff.nvme * share for d in drives),
+    )
+
+
+def _scaled(rate: float | None, efficiency: float) -> float | None:
+    return None if rate is None else rate * efficiency
+
+
+def _cast_rate(cpu: Any, threads: int | None) -> float:
+    return float(cpu.cast_elems_per_s(threads=threads))
+
+
+# -- handlers -----------------------------------------------------------------------------------
+def _gpu_compute(cm: CostModel, op: Op) -> float:
+    return cm.compute_seconds(op.work)
+
+
+def _loss(cm: CostModel, op: Op) -> float:
+    if cm.rates.lce is not None and op.work.elements:
+        return op.work.elements / cm.rates.lce
+    return cm.compute_seconds(op.work)
+
+
+def _gpu_adam(cm: CostModel, op: Op) -> float:
+    if cm.rates.gpu_adam is not None and op.work.elements:
+        return op.work.elements / cm.rates.gpu_adam
+    return op.work.bytes / cm.rates.hbm
+
+
+def _transfer(cm: CostModel, op: Op) -> float:
+    return op.work.bytes / cm.rates.link
+
+
+def _adam(cm: CostModel, op: Op) -> float:
+    return _adam_at(cm, op, dma_load=1.0)
+
+
+def _adam_at(cm: CostModel, op: Op, dma_load: float) -> float:
+    if op.work.elements == 0:
+        return 0.0
+    per_elem = max(1, op.work.bytes // op.work.elements) if op.work.bytes else 28
+    return op.work.elements / cm.rates.adam(per_elem, dma_load)
+
+
+def _cast(cm: CostModel, op: Op) -> float:
+    return op.work.elements / cm.rates.cast
+
+
+def _grad_accum(cm: CostModel, op: Op) -> float:
+    return op.work.bytes / cm.rates.dram
+
+
+def _nvme_read(cm: CostModel, op: Op) -> float:
+    return op.work.bytes / _drive(cm.rates.nvme_read, op)
+
+
+def _nvme_write(cm: CostModel, op: Op) -> float:
+    return op.work.bytes / _drive(cm.rates.nvme_write, op)
+
+
+def _drive(rates: tuple[float, ...], op: Op) -> float:
+    index = int(op.lane[len("nvme") :] or 0)
+    if index >= len(rates):
+        raise ValueError(
+            f"op {op.id}: lane {op.lane} needs NVMe drive {index}, the machine has {len(rates)}"
+        )
+    return rates[index]
+
+
+def ring_seconds(kind: OpKind, message: int, nproc: int, bytes_per_s: float) -> float:
+    """A ring collective of `message` bytes (every rank's part together) over `nproc` ranks:
+    the formulas in the module docstring. One rank: nothing to exchange, 0."""
+    if nproc == 1 or message == 0:
+        return 0.0
+    rounds = {OpKind.REDUCE_SCATTER: 1, OpKind.ALL_GATHER: 1, OpKind.ALL_REDUCE: 2}[kind]
+    steps = rounds * (nproc - 1)
+    return steps * RING_STEP_S + steps / nproc * message / bytes_per_s
+
+
+_RING = frozenset({OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER, OpKind.ALL_REDUCE})
+
+
+def _collective(cm: CostModel, op: Op) -> float:
+    if cm.nproc > 1 and op.kind in _RING:
+        return ring_seconds(op.kind, op.work.bytes, cm.nproc, cm.rates.peer)
+    raise ValueError(
+        f"op {op.id}: a {op.kind} needs the links of a cluster; price layout graphs with "
+        "slide_ir.layouts.cost.LayoutCosts"
+    )
+
+
+HANDLERS: Mapping[OpKind, Handler] = {
+    OpKind.FWD: _gpu_compute,
+    OpKind.RECOMPUTE: _gpu_compute,
+    OpKind.BWD: _gpu_compute,
+    OpKind.LOSS: _loss,
+    OpKind.H2D_PARAM: _transfer,
+    OpKind.D2H_GRAD: _transfer,
+    OpKind.ADAM: _adam,
+    OpKind.GPU_ADAM: _gpu_adam,
+    OpKind.OPT_H2D: _transfer,
+    OpKind.OPT_D2H: _transfer,
+    OpKind.W_D2H: _transfer,
+    OpKind.CAST: _cast,
+    OpKind.GRAD_ACCUM: _grad_accum,
+    OpKind.ACT_SAVE: _transfer,
+    OpKind.ACT_LOAD: _transfer,
+    OpKind.NVME_READ: _nvme_read,
+    OpKind.NVME_WRITE: _nvme_write,
+    OpKind.ALL_REDUCE: _collective,
+    OpKind.REDUCE_SCATTER: _collective,
+    OpKind.ALL_GATHER: _collective,
+    OpKind.ALL_TO_ALL: _collective,
+    OpKind.SEND_RECV: _collective,
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FixedCosts:
+    """Seconds per op id (default for the rest): for hand-written schedules and tests."""
+
+    seconds_by_id: Mapping[str, float] = field(default_factory=dict)
+    default: float = 1.0
+
+    def seconds(self, op: Op) -> float:
+        return self.seconds_by_id.get(op.id, self.default)

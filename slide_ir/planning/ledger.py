@@ -1,0 +1,703 @@
+"""The memory ledger: bytes per tier as closed formulas with named terms.
+
+Each term *is* a pool of the schedule IR (equal slots on one tier), plus a human label and the
+formula it came from. The planner turns terms into the Graph's pools one for one, so the ledger is
+also the documentation of what an engine allocates: reserved bytes per tier == ledger peak.
+
+Tiers for reporting: `gpu`, `cpu` (all host RAM: pinned + pageable) and `nvme`.
+
+Units of the sliding schedule ("layers" in op ids): 0 = embedding, 1..n = decoder layers,
+n+1 = head (final norm + untied LM head). `resident` units live whole on the GPU; `streamed`
+units slide, but their AdamW runs on the GPU: their FP32 master and moments sit in pinned RAM
+and visit a GPU staging ring around the update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from slide_ir.ir.graph import Pool, Tier
+from slide_ir.ir.graph import PoolRole as R
+from slide_ir.planning.zero_offload import (
+    BUCKET_POOL,
+    WHOLE_POOL,
+    grad_buckets,
+    largest_param,
+    whole_slot_elements,
+)
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine
+from slide_ir.specs.model import ModelSpec
+
+GIB = 1 << 30
+# CUDA context, cuBLAS/cuDNN workspaces and allocator slack: typical for torch on one GPU.
+CUDA_CONTEXT_BYTES = 3 * GIB // 4
+# Host process: Python, torch and CUDA host libraries, data batches. Measured on the H200 machine
+# (2026-11-29, llama-3.2-3b, resident runs): RSS less the planned host buffers, 1.5-2.3 GiB.
+HOST_RUNTIME_BYTES = 2 * GIB
+BF16 = 2
+FP32 = 4
+REPORT_TIERS = ("gpu", "cpu", "nvme")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Term:
+    pool: Pool
+    label: str  # what a user reads: "fp32 master weights"
+    formula: str  # how it was computed: "4 B x 7.50e9 params"
+
+    @property
+    def bytes(self) -> int:
+        return self.pool.bytes
+
+    @property
+    def report_tier(self) -> str:
+        return "cpu" if self.pool.tier in (Tier.CPU, Tier.PINNED) else str(self.pool.tier)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ledger:
+    schedule: str
+    terms: tuple[Term, ...]
+    gpu_capacity: int
+    cpu_capacity: int
+    nvme_capacity: int
+    resident: tuple[int, ...] = ()  # units kept whole on the GPU
+    streamed: tuple[int, ...] = ()  # sliding units updated on the GPU, state streamed
+
+    def peak_bytes(self, tier: str) -> int:
+        return sum(t.bytes for t in self.terms if t.report_tier == tier)
+
+    def pinned_bytes(self) -> int:
+        return sum(t.bytes for t in self.terms if t.pool.tier == Tier.PINNED)
+
+    def capacity_bytes(self, tier: str) -> int:
+        return {"gpu": self.gpu_capacity, "cpu": self.cpu_capacity, "nvme": self.nvme_capacity}[
+            tier
+        ]
+
+    def breakdown(self, tier: str) -> dict[str, int]:
+        """Bytes per label (terms sharing a label are summed), largest first."""
+        out: dict[str, int] = {}
+        for t in self.terms:
+            if t.report_tier == tier:
+                out[t.label] = out.get(t.label, 0) + t.bytes
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def overflows(self) -> list[tuple[str, int]]:
+        """(tier, bytes over capacity) for every tier that does not fit."""
+        over = [(tier, self.peak_bytes(tier) - self.capacity_bytes(tier)) for tier in REPORT_TIERS]
+        return [(tier, b) for tier, b in over if b > 0]
+
+    @property
+    def feasible(self) -> bool:
+        return not self.overflows()
+
+    def pools(self) -> tuple[Pool, ...]:
+        return tuple(t.pool for t in self.terms)
+
+
+# -- units -----------------------------------------------------------------------------------
+def unit_params(model: ModelSpec, unit: int) -> int:
+    """Parameters of a unit: the embedding, one decoder layer, or the head stage."""
+    if unit == 0:
+        return model.embedding_params
+    if unit == model.num_layers + 1:
+        return model.final_norm_params + model.lm_head_params
+    return model.layer_params
+
+
+def resident_preference(model: ModelSpec) -> tuple[int, ...]:
+    """Order in which units become resident: the embedding first (its CPU update would sit at
+    the step boundary, where nothing hides it), then the decoder layers whose backward comes
+    last (1, 2, ...: their updates also end the step), the head last."""
+    return (0, *range(1, model.num_layers + 1), model.num_layers + 1)
+
+
+def adam_bytes_per_param(config: TrainConfig) -> int:
+    """Bytes one CPU AdamW step touches per parameter: FP32 master read+write, both moments read
+    + write, the BF16 gradient read (twice when clipping: its norm comes first), and the fused
+    BF16 weight write."""
+    clip_read = BF16 if config.clip != "none" else 0
+    return 2 * FP32 + 2 * config.moment_bytes + BF16 + BF16 + clip_read
+
+
+# -- building --------------------------------------------------------------------------------
+class _Terms:
+    """Collects terms; skips empty ones so the breakdown lists only what is allocated."""
+
+    def __init__(self) -> None:
+        self.items: list[Term] = []
+
+    def add(
+        self,
+        name: str,
+        tier: Tier,
+        slots: int,
+        slot_bytes: int,
+        label: str,
+        formula: str,
+        *,
+        static: bool = False,
+        role: R = R.ACCOUNTING,
+        units: tuple[int, ...] = (),
+        offsets: tuple[int, ...] = (),
+    ) -> None:
+        if slots > 0 and slot_bytes > 0:
+            pool = Pool(name=name, tier=tier, slots=slots, slot_bytes=slot_bytes, static=static,
+                        role=role, units=units, offsets=offsets)  # fmt: skip
+            self.items.append(Term(pool=pool, label=label, formula=formula))
+
+
+def build_ledger(
+    model: ModelSpec,
+    machine: Machine,
+    config: TrainConfig,
+    resident: tuple[int, ...] = (),
+    streamed: tuple[int, ...] = (),
+) -> Ledger:
+    """The ledger of `config.schedule`. `resident` and `streamed` apply to the sliding schedule
+    only."""
+    if config.activations == "auto":
+        raise ValueError(
+            "activations='auto' is chosen by the planner (slide_ir.planning.planner.plan); a ledger needs "
+            "gpu, cpu or nvme"
+        )
+    drives = len(machine.nvme)
+    if drives == 0 and "nvme" in (config.optimizer, config.activations):
+        raise ValueError(
+            f"optimizer='{config.optimizer}', activations='{config.activations}' need at least one "
+            f"NVMe drive, and machine {machine.name!r} has none (add one with --nvme N)"
+        )
+    terms = _Terms()
+    if config.schedule == "sliding":
+        _sliding_terms(terms, model, config, resident, streamed, drives)
+    elif config.schedule == "zero-offload":
+        _zero_offload_terms(terms, model, config, drives)
+    else:
+        resident = resident_preference(model)
+        _gpu_only_terms(terms, model, config)
+    if config.schedule != "sliding":
+        streamed = ()
+    return Ledger(
+        schedule=config.schedule,
+        terms=tuple(terms.items),
+        gpu_capacity=gpu_capacity(machine, config),
+        cpu_capacity=int(machine.ram_bytes * (1.0 - config.host_margin)),
+        nvme_capacity=sum(d.capacity_bytes for d in machine.nvme),
+        resident=tuple(sorted(resident)),
+        streamed=tuple(sorted(streamed)),
+    )
+
+
+def gpu_capacity(machine: Machine, config: TrainConfig) -> int:
+    """The GPU memory a plan may use: the GPU's, or less with `gpu_memory_gb`."""
+    own = machine.gpu.memory_bytes
+    if config.gpu_memory_gb is None:
+        return int(own)
+    return int(min(own, config.gpu_memory_gb * 1e9))
+
+
+def gpu_budget(machine: Machine, config: TrainConfig) -> float:
+    """What "auto" choices may fill: the capacity less `gpu_margin` (allocator slack)."""
+    return (1.0 - config.gpu_margin) * gpu_capacity(machine, config)
+
+
+def _common_gpu_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, flush: tuple[int, str] = (0, "")
+) -> None:
+    """`flush`: bytes and formula of other scratch of the `gpu` lane that the workspace serves
+    too (ZeRO-Offload's per-parameter gradient copies at a bucket flush)."""
+    b, s, h = config.batch, config.seq, model.hidden_size
+    hidden = b * s * h * BF16
+    terms.add(
+        "gpu_context",
+        Tier.GPU,
+        1,
+        CUDA_CONTEXT_BYTES,
+        "CUDA context and workspaces",
+        "fixed 0.75 GiB",
+        static=True,
+        role=R.ACCOUNTING,
+    )
+    terms.add(
+        "gpu_hidden_grads",
+        Tier.GPU,
+        2,
+        hidden,
+        "hidden-state gradients",
+        f"2 x b{b} x s{s} x h{h} x 2 B",
+        role=R.HIDDEN_GRAD,
+    )
+    terms.add("gpu_tokens", Tier.GPU, 1, 2 * b * s * 8, "token ids and labels",
+              f"2 x b{b} x s{s} x 8 B", static=True, role=R.TOKENS)  # fmt: skip
+    # One scratch slot serves the layers' transient activations and the fused loss: both run on
+    # the `gpu` lane, one at a time, so they never coexist.
+    layer = model.layer_transient_bytes(b, s)
+    chunk = lce_chunk_tokens(model, config)
+    # the chunk's logits, plus the loss's returned gradients (LM head bf16, hidden states) before
+    # autograd adds them into their buffers
+    lce = (
+        model.logits_bytes(b, s, fused=True, chunk_tokens=chunk)
+        + (model.vocab_size + b * s) * h * BF16
+    )
+    terms.add(
+        "gpu_workspace",
+        Tier.GPU,
+        1,
+        max(layer, lce, flush[0]),
+        "compute workspace (layer or fused LCE)",
+        f"max(one layer's recompute+backward at b{b} s{s} = {layer / 1e9:.2f} GB, "
+        f"{chunk}-token bf16 logits chunk + bf16 LM-head and hidden grads = {lce / 1e9:.2f} GB"
+        f"{flush[1]})",
+        role=R.WORKSPACE,
+    )
+
+
+def lce_chunk_tokens(model: ModelSpec, config: TrainConfig) -> int:
+    tokens = config.batch * config.seq
+    chunk = config.lce_chunk_tokens or model.default_lce_chunk_tokens(config.lce_budget_bytes)
+    return min(chunk, tokens)
+
+
+def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+    """Checkpointed layer inputs: all on the GPU, or a GPU window plus a CPU/NVMe home. The
+    layers whose forward keeps its tape save no input: n - kept of them are saved (on the GPU,
+    the input and output of a kept layer's forward besides)."""
+    b, s, h = config.batch, config.seq, model.hidden_size
+    n = model.num_layers - config.kept_tapes
+    hidden = b * s * h * BF16
+    what = f"b{b} x s{s} x h{h} x 2 B"
+    if config.activations == "gpu":
+        k = n + 1 + min(config.kept_tapes, 1)
+        terms.add("gpu_acts", Tier.GPU, k, hidden, "saved layer inputs", f"{k} x {what}",
+                  role=R.HIDDEN)  # fmt: skip
+        return
+    terms.add(
+        "gpu_acts",
+        Tier.GPU,
+        config.act_buffers,
+        hidden,
+        "layer-input window",
+        f"{config.act_buffers} x {what}",
+        role=R.HIDDEN,
+    )
+    if config.activations == "cpu":
+        terms.add(
+            "pinned_acts",
+            Tier.PINNED,
+            n,
+            hidden,
+            "saved layer inputs (pinned)",
+            f"{n} x {what}",
+            role=R.HOST_HIDDEN,
+        )
+    else:
+        terms.add(
+            "pinned_act_staging",
+            Tier.PINNED,
+            config.act_buffers,
+            hidden,
+            "activation NVMe staging (pinned)",
+            f"{config.act_buffers} x {what}",
+            role=R.HOST_HIDDEN,
+        )
+        terms.add("nvme_acts", Tier.NVME, n, hidden, "saved layer inputs (NVMe)", f"{n} x {what}",
+                  role=R.NVME_HIDDEN)  # fmt: skip
+
+
+def _optimizer_terms(
+    terms: _Terms,
+    model: ModelSpec,
+    config: TrainConfig,
+    units: list[int],
+    drives: int,
+    *,
+    pinned: bool = False,
+) -> None:
+    """FP32 master + moments of the units updated from host state: in RAM (pinned for streamed
+    units, which the copy engines read), or on NVMe with a staging ring in RAM."""
+    mb = config.moment_bytes
+    on_nvme = 0 if pinned else {"cpu": 0, "nvme": FP32 + mb, "nvme-moments": mb}[config.optimizer]
+    tier, prefix, note = (Tier.PINNED, "pinned_", " (pinned)") if pinned else (Tier.CPU, "", "")
+    for group, members in _unit_groups(model, units):
+        p, k = unit_params(model, members[0]), len(members)
+        if config.optimizer != "nvme" or pinned:
+            terms.add(
+                f"{prefix}master_{group}",
+                tier,
+                k,
+                p * FP32,
+                "fp32 master weights" + note,
+                f"{k} x {p:.4g} params x 4 B",
+                static=True,
+                role=R.MASTER,
+                units=tuple(members),
+            )
+        if not on_nvme:
+            terms.add(
+                f"{prefix}moments_{group}",
+                tier,
+                k,
+                p * mb,
+                "Adam moments" + note,
+                f"{k} x {p:.4g} params x {mb} B",
+                static=True,
+                role=R.MOMENTS,
+                units=tuple(members),
+            )
+            continue
+        terms.add(
+            f"nvme_opt_{group}",
+            Tier.NVME,
+            k,
+            p * on_nvme,
+            "optimizer state (NVMe)",
+            f"{k} x {p:.4g} params x {on_nvme} B",
+            static=True,
+            role=R.NVME_STATE,
+            units=tuple(members),
+        )
+        # Decoder layers rotate through 3 stripes per drive (one read ahead, one updating, one
+        # being written); the embedding and the head are one unit each: one stripe per drive.
+        depth = 3 if k > 1 else 1
+        terms.add(
+            f"opt_staging_{group}",
+            Tier.CPU,
+            depth * drives,
+            -(-p * on_nvme // drives),
+            "optimizer NVMe staging",
+            f"{depth} x {p:.4g} params x {on_nvme} B",
+            role=R.OPT_STAGING,
+            units=tuple(members),
+        )
+
+
+def _sliding_terms(
+    terms: _Terms,
+    model: ModelSpec,
+    config: TrainConfig,
+    resident: tuple[int, ...],
+    streamed: tuple[int, ...],
+    drives: int,
+) -> None:
+    n, mb = model.num_layers, config.moment_bytes
+    _common_gpu_terms(terms, model, config)
+    _activation_terms(terms, model, config)
+    sliding = [u for u in resident_preference(model) if u not in resident]
+    sliding_layers = [u for u in sliding if 1 <= u <= n]
+    host_updated = [u for u in sliding if u not in streamed]
+    _tape_terms(terms, model, config)
+    p = model.layer_params
+    units = min(config.cache_depth, len(sliding_layers))
+    terms.add(
+        "gpu_units",
+        Tier.GPU,
+        units,
+        p * 2 * BF16,
+        "cache units (bf16 weights+grads)",
+        f"{units} x {p:.4g} params x 4 B",
+        role=R.UNIT,
+        units=tuple(sliding_layers),
+    )
+    for group, members in _unit_groups(model, [u for u in sliding if u in (0, n + 1)]):
+        q = unit_params(model, members[0])
+        terms.add(
+            f"gpu_{group}",
+            Tier.GPU,
+            1,
+            q * 2 * BF16,
+            f"{group} slot (bf16 weights+grads)",
+            f"{q:.4g} params x 4 B",
+            role=R.UNIT,
+            units=tuple(members),
+        )
+        if members[0] in host_updated:
+            terms.add(
+                f"pinned_grads_{group}",
+                Tier.PINNED,
+                1,
+                q * BF16,
+                "gradient landing (pinned)",
+                f"{q:.4g} params x 2 B",
+                role=R.GRAD_LANDING,
+                units=tuple(members),
+            )
+    for group, members in _unit_groups(model, list(resident)):
+        q, k = unit_params(model, members[0]), len(members)
+        terms.add(
+            f"gpu_resident_{group}",
+            Tier.GPU,
+            k,
+            q * (2 * BF16 + FP32 + mb),
+            "resident layers (weights, grads, master, moments)",
+            f"{k} x {q:.4g} params x {2 * BF16 + FP32 + mb} B",
+            static=True,
+            role=R.RESIDENT,
+            units=tuple(members),
+        )
+    _streamed_staging_terms(terms, model, config, streamed)
+    _handback_terms(terms, config, sum(unit_params(model, u) for u in resident))
+    host_layers = sum(1 for u in host_updated if 1 <= u <= n)
+    if host_layers:
+        g = landing_buffers(config, host_layers, gpu_updated=bool(streamed or resident))
+        terms.add(
+            "pinned_grads_layers",
+            Tier.PINNED,
+            g,
+            p * BF16,
+            "gradient landing (pinned)",
+            f"{g} x {p:.4g} params x 2 B",
+            role=R.GRAD_LANDING,
+            units=tuple(u for u in host_updated if 1 <= u <= n),
+        )
+    for group, members in _unit_groups(model, sliding):
+        q, k = unit_params(model, members[0]), len(members)
+        terms.add(
+            f"pinned_bf16_{group}",
+            Tier.PINNED,
+            k,
+            q * BF16,
+            "bf16 weights (pinned)",
+            f"{k} x {q:.4g} params x 2 B",
+            static=True,
+            role=R.HOST_WEIGHTS,
+            units=tuple(members),
+        )
+    _grad_accum_terms(terms, model, config, sliding)
+    _optimizer_terms(terms, model, config, host_updated, drives)
+    _optimizer_terms(terms, model, config, list(streamed), drives, pinned=True)
+    _host_terms(terms)
+
+
+def _tape_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+    """The tapes of the top `kept_tapes` decoder layers, each alive from its forward to its
+    backward (`ModelSpec.layer_tape_bytes`)."""
+    k = config.kept_tapes
+    if not k:
+        return
+    b, s = config.batch, config.seq
+    tape = model.layer_tape_bytes(b, s)
+    terms.add("gpu_tapes", Tier.GPU, k, tape, "kept layer tapes (no recompute)",
+              f"{k} x one layer's input + saved tensors at b{b} s{s} = {tape / 1e9:.2f} GB",
+              role=R.TAPE)  # fmt: skip
+
+
+def _grad_accum_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, units: list[int]
+) -> None:
+    """FP32 accumulators on the host for the gradients of several micro-batches."""
+    if config.grad_accum == 1:
+        return
+    for group, members in _unit_groups(model, units):
+        q, k = unit_params(model, members[0]), len(members)
+        terms.add(
+            f"grad_accum_{group}",
+            Tier.CPU,
+            k,
+            q * FP32,
+            "fp32 gradient accumulators",
+            f"{k} x {q:.4g} params x 4 B",
+            static=True,
+            role=R.GRAD_ACCUM,
+            units=tuple(members),
+        )
+
+
+def landing_buffers(config: TrainConfig, host_layers: int, *, gpu_updated: bool) -> int:
+    """Pinned landing buffers for decoder-layer gradients (a ring). Three keep the d2h lane
+    busy while the CPU updates. With units updated on the GPU (resident or streamed) the
+    backward must run ahead of the CPU through the host-updated layers (the deepest ones, whose
+    backward comes first) to reach them, so by default every host-updated layer gets a buffer:
+    2 B/param more of pinned RAM for those layers. (8B on the H200 at batch 16 with 23 resident
+    units: 2.10 s per step with 3 buffers, 1.62 s with one for each of its 10 sliding layers,
+    by prediction.)"""
+    if config.grad_buffers is not None:
+        return config.grad_buffers
+    return max(3, host_layers) if gpu_updated else 3
+
+
+def _streamed_staging_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, streamed: tuple[int, ...]
+) -> None:
+    """The GPU side of streamed updates: per slot one unit's FP32 master, moments and FP32
+    gradient (the update's upcast), one slot per streamed unit: the schedule moves the state
+    when the link is free, so most of the step's states are on the GPU at once."""
+    per = 2 * FP32 + config.moment_bytes
+    for group, members in _unit_groups(model, list(streamed)):
+        q = unit_params(model, members[0])
+        k = len(members)
+        terms.add(
+            f"gpu_opt_{group}",
+            Tier.GPU,
+            k,
+            q * per,
+            "streamed optimizer state (fp32 master, moments, grad)",
+            f"{k} x {q:.4g} params x {per} B",
+            role=R.STREAM_STATE,
+            units=tuple(members),
+        )
+
+
+def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, drives: int) -> None:
+    """DeepSpeed ZeRO-2 with CPU offload (`slide_ir.planning.zero_offload`): BF16 weights on the GPU,
+    gradients through one reduce bucket (and one slot for a gradient kept whole) into a pinned
+    FP32 gradient buffer, master and moments on the host, a pinned BF16 copy for the upload."""
+    n_all, big, bucket = model.total_params, largest_param(model), config.reduce_bucket
+    # a flush casts each parameter's gradient to FP64 (its norm), then to FP32 (the copy down),
+    # one parameter at a time on the compute stream, between layers: the workspace serves it
+    flush = (big * 8, f", fp64 copy of the largest parameter's gradient = {big * 8 / 1e9:.2f} GB")
+    _common_gpu_terms(terms, model, config, flush)
+    _activation_terms(terms, model, config)
+    terms.add(
+        "gpu_params",
+        Tier.GPU,
+        1,
+        n_all * BF16,
+        "bf16 weights",
+        f"{n_all:.4g} x 2 B",
+        static=True,
+        role=R.DEVICE_WEIGHTS,
+        units=resident_preference(model),
+    )
+    whole = whole_slot_elements(model, config)  # before the bucket: the executor pairs there
+    # each unit's gradient at its place in the bucket (or the whole slot) it goes down in
+    held = {pool: [(u, o) for b in grad_buckets(model, config) if b.pool == pool
+                   for u, o in zip(b.units, b.offsets, strict=True)]
+            for pool in (WHOLE_POOL, BUCKET_POOL)}  # fmt: skip
+    terms.add(WHOLE_POOL, Tier.GPU, 1, whole * BF16, "gradients kept out of the bucket (bf16)",
+              f"{whole:.4g} params x 2 B", static=True, role=R.DEVICE_GRADS,
+              units=tuple(u for u, _ in held[WHOLE_POOL]),
+              offsets=tuple(o for _, o in held[WHOLE_POOL]))  # fmt: skip
+    terms.add(BUCKET_POOL, Tier.GPU, 1, bucket * BF16, "gradient reduce bucket (bf16)",
+              f"reduce_bucket {bucket:.4g} x 2 B", static=True, role=R.DEVICE_GRADS,
+              units=tuple(u for u, _ in held[BUCKET_POOL]),
+              offsets=tuple(o for _, o in held[BUCKET_POOL]))  # fmt: skip
+    terms.add("gpu_offload_staging", Tier.GPU, 1, big * BF16,
+              "offload staging (largest param, bf16)", f"{big:.4g} x 2 B",
+              static=True, role=R.ACCOUNTING)  # fmt: skip
+    terms.add(
+        "pinned_grads",
+        Tier.PINNED,
+        1,
+        n_all * FP32,
+        "fp32 gradients (pinned)",
+        f"{n_all:.4g} x 4 B",
+        static=True,
+        role=R.GRAD_LANDING,
+        units=resident_preference(model),
+    )
+    terms.add(
+        "pinned_bf16",
+        Tier.PINNED,
+        1,
+        n_all * BF16,
+        "bf16 weights (pinned)",
+        f"{n_all:.4g} x 2 B",
+        static=True,
+        role=R.HOST_WEIGHTS,
+        units=resident_preference(model),
+    )
+    terms.add("host_offload_staging", Tier.PINNED, 1, big * BF16,
+              "offload staging (pinned)", f"{big:.4g} x 2 B",
+              static=True, role=R.ACCOUNTING)  # fmt: skip
+    _grad_accum_terms(terms, model, config, list(resident_preference(model)))
+    _optimizer_terms(terms, model, config, list(resident_preference(model)), drives)
+    _host_terms(terms)
+
+
+def _gpu_only_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+    """Everything on the GPU: 2+2+4+8 = 16 B per parameter plus activations (no offload)."""
+    n_all, per = model.total_params, 2 * BF16 + FP32 + config.moment_bytes
+    _common_gpu_terms(terms, model, config)
+    _activation_terms(terms, model, config)
+    terms.add(
+        "gpu_state",
+        Tier.GPU,
+        1,
+        n_all * per,
+        "weights, grads, master, moments",
+        f"{n_all:.4g} params x {per} B",
+        static=True,
+        role=R.RESIDENT,
+        units=resident_preference(model),
+    )
+    _handback_terms(terms, config, n_all)
+    _host_terms(terms)
+
+
+def _handback_terms(terms: _Terms, config: TrainConfig, params_on_gpu: int) -> None:
+    """A finished run hands its FP32 master weights and moments back to the caller (to save a
+    checkpoint): state that lives on the GPU is copied to host RAM then, while the run's own
+    buffers still exist (measured on the H200: RSS 93.0 GiB after an 8B run kept entirely on
+    the GPU, whose training needed 4 GiB of host RAM)."""
+    if params_on_gpu:
+        per = FP32 + config.moment_bytes
+        terms.add(
+            "host_handback",
+            Tier.CPU,
+            1,
+            params_on_gpu * per,
+            "final state handed back (fp32 master + moments of GPU-kept units)",
+            f"{params_on_gpu:.4g} params x {per} B",
+            static=True,
+            role=R.ACCOUNTING,
+        )
+
+
+def _host_terms(terms: _Terms) -> None:
+    terms.add(
+        "host_runtime",
+        Tier.CPU,
+        1,
+        HOST_RUNTIME_BYTES,
+        "process runtime (python, torch)",
+        "fixed 2 GiB",
+        static=True,
+        role=R.ACCOUNTING,
+    )
+
+
+def _unit_groups(model: ModelSpec, units: list[int]) -> Iterator[tuple[str, list[int]]]:
+    """Units of equal size share a pool: embedding, decoder layers, head."""
+    n = model.num_layers
+    groups = {
+        "embed": [u for u in units if u == 0],
+        "layers": [u for u in units if 1 <= u <= n],
+        "head": [u for u in units if u == n + 1],
+    }
+    for name, members in groups.items():
+        if members and unit_params(model, members[0]) > 0:
+            yield name, members
+
+
+# -- data-parallel baselines -----------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateBytes:
+    """Bytes per parameter of each training state (mixed precision with FP32 master + Adam)."""
+
+    weights: int = BF16
+    grads: int = FP32
+    master: int = FP32
+    moments: int = 2 * FP32
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.master + self.moments
+
+
+def zero_bytes_per_gpu(
+    params: int, stage: int, replicas: int, sizes: StateBytes = StateBytes()
+) -> int:
+    """Model-state bytes per GPU under ZeRO stage 0-3 over `replicas` data-parallel GPUs
+    (Rajbhandari et al. 2020): stage 1 shards the optimizer states (master + moments), stage 2
+    also the gradients, stage 3 also the weights. With the default sizes (2+4+4+8 = 18 B):
+    M0 = 18P, M1 = 6P + 12P/D, M2 = 2P + 16P/D, M3 = 18P/D. Activations are not included."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    opt = sizes.master + sizes.moments
+    sharded = {0: 0, 1: opt, 2: opt + sizes.grads, 3: sizes.total}[stage]
+    return (sizes.total - sharded) * params + -(-sharded * params // replicas)

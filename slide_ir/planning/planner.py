@@ -1,0 +1,188 @@
+"""The planner: (ModelSpec, Machine, TrainConfig) -> Plan = memory ledger + schedule Graph.
+
+The placement is decided first (`slide_ir.planning.placement`: which units stay resident, which are
+streamed, where the layer inputs live, the cache depth: the fastest predicted choice that fits),
+then the ledger (what every tier holds), whose terms become the Graph's pools, and a schedule
+emitter writes the ops. An infeasible plan is still built (so a user can see it) but reports its
+overflow; engines refuse to run it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from slide_ir.ir.graph import Graph, GraphInfo, UnitPlacement
+from slide_ir.planning.baselines import emit_gpu_only, emit_zero_offload
+from slide_ir.planning.builder import GraphBuilder
+from slide_ir.planning.ledger import Ledger, build_ledger, lce_chunk_tokens, resident_preference
+from slide_ir.planning.placement import PlacementChoice, choose_placement
+from slide_ir.planning.schedules import Ctx
+from slide_ir.planning.sliding import emit_sliding
+from slide_ir.planning.streaming import state_pace
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware import Machine, load_machine_toml, machine_to_toml
+from slide_ir.specs.model import ModelSpec
+
+PLAN_VERSION = 1
+T = TypeVar("T")
+EMITTERS = {"sliding": emit_sliding, "zero-offload": emit_zero_offload, "gpu-only": emit_gpu_only}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    model: ModelSpec
+    machine: Machine
+    config: TrainConfig  # every "auto" resolved: re-planning it gives this plan
+    ledger: Ledger
+    graph: Graph
+    choice: PlacementChoice | None = None  # how the placement was chosen, with the runner-up
+
+    @property
+    def feasible(self) -> bool:
+        return self.ledger.feasible
+
+
+def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
+    """The plan of `config`, with its "auto" choices made by `choose_placement`: the returned
+    `Plan.config` holds them (activations, cache depth, resident and streamed counts)."""
+    # the search's candidates are only timed: built unchecked (the plan's own graph is checked)
+    candidates = partial(build_graph, model, machine, check=False)
+    choice = choose_placement(model, machine, config, candidates)
+    config = choice.resolve(config)
+    resident, streamed = choice.chosen.units(model) if config.schedule == "sliding" else ((), ())
+    # the search's own ledger of its choice (a ledger does not depend on the steps planned)
+    ledger = choice.ledger or build_ledger(model, machine, config, resident, streamed)
+    graph = build_graph(model, machine, config, ledger)
+    return Plan(
+        model=model, machine=machine, config=config, ledger=ledger, graph=graph, choice=choice
+    )
+
+
+def build_graph(
+    model: ModelSpec, machine: Machine, config: TrainConfig, ledger: Ledger, *, check: bool = True
+) -> Graph:
+    """The schedule of `config.schedule` over the ledger's pools and placement (`check=False`:
+    without the graph's construction checks)."""
+    ctx = Ctx(
+        model=model,
+        config=config,
+        b=GraphBuilder(ledger.pools()),
+        drives=len(machine.nvme),
+        resident=frozenset(ledger.resident) if config.schedule == "sliding" else frozenset(),
+        streamed=frozenset(ledger.streamed),
+        pace=state_pace(model, machine, config),
+        values=check,
+    )
+    EMITTERS[config.schedule](ctx)
+    info = GraphInfo(
+        schedule=config.schedule,
+        model=model.name,
+        machine=machine.name,
+        batch=config.batch,
+        seq=config.seq,
+        steps=config.steps,
+        grad_accum=config.grad_accum,
+        num_layers=model.num_layers,
+        params=model.total_params,
+        flops_per_step=model_flops_per_step(model, config),
+        placement=unit_placement(model, config, ledger),
+        lce_chunk=lce_chunk_tokens(model, config),
+        optimizer=str(config.optimizer),
+        moments_dtype=str(config.moments_dtype),
+        clip_norm=config.clip_norm if config.clip == "per-unit" else 0.0,
+    )
+    return ctx.b.build(info, check=check)
+
+
+def unit_placement(
+    model: ModelSpec, config: TrainConfig, ledger: Ledger
+) -> tuple[UnitPlacement, ...]:
+    """Where each unit 0..n+1 lives and who updates it."""
+    P = UnitPlacement
+    host = P.NVME if config.optimizer != "cpu" else P.SLIDING
+    if config.schedule == "gpu-only":
+        return tuple(P.RESIDENT for _ in resident_preference(model))
+    if config.schedule == "zero-offload":
+        host = P.NVME if config.optimizer != "cpu" else P.OFFLOADED
+    resident, streamed = set(ledger.resident), set(ledger.streamed)
+    return tuple(
+        P.RESIDENT if u in resident else P.STREAMED if u in streamed else host
+        for u in sorted(resident_preference(model))
+    )
+
+
+def model_flops_per_step(model: ModelSpec, config: TrainConfig) -> float:
+    """Forward + backward FLOPs of one optimizer step, recompute not counted."""
+    b, s = config.batch, config.seq
+    layers = model.num_layers * (model.layer_fwd_flops(b, s) + model.layer_bwd_flops(b, s))
+    head = model.head_fwd_flops(b, s) + model.head_bwd_flops(b, s)
+    return config.grad_accum * (layers + head)
+
+
+# -- saved plans -----------------------------------------------------------------------------
+def plan_to_json(p: Plan) -> str:
+    """Everything needed to re-plan (model config, machine profile, train config) + the graph."""
+    return json.dumps(
+        {
+            "version": PLAN_VERSION,
+            "model": p.model.to_hf_config(),
+            "model_name": p.model.name,
+            "machine_toml": machine_to_toml(p.machine),
+            "config": asdict(p.config),
+            "graph": json.loads(p.graph.to_json()),
+        }
+    )
+
+
+PLAN_KEYS = ("version", "model", "model_name", "machine_toml", "config", "graph")
+
+
+def plan_from_json(text: str) -> Plan:
+    """Re-plan from the saved inputs; the graph must come out equal to the saved one.
+
+    Text that is not such a plan (not JSON, another document, a field missing or mistyped) is a
+    ValueError saying what is wrong, for the caller to prefix with the file's name."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"not a saved plan: a JSON {type(data).__name__}, not an object")
+    missing = [k for k in PLAN_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"not a saved plan: no {', '.join(map(repr, missing))} field")
+    if data["version"] != PLAN_VERSION:
+        found = data["version"]
+        raise ValueError(
+            f"plan format version {found!r} unsupported (this Slide reads {PLAN_VERSION})"
+        )
+    name = _saved_field("model_name", lambda: _text(data, "model_name"))
+    origin = "HF config"
+    model = _saved_field(
+        "model", lambda: ModelSpec.from_hf_config(data["model"], name=name, origin=origin)
+    )
+    machine = _saved_field("machine_toml", lambda: load_machine_toml(_text(data, "machine_toml")))
+    config = _saved_field("config", lambda: TrainConfig(**data["config"]))
+    graph = _saved_field("graph", lambda: Graph.from_json(json.dumps(data["graph"])))
+    p = plan(model, machine, config)
+    if p.graph != graph:
+        raise ValueError("saved plan's graph differs from a fresh plan of its inputs (edited?)")
+    return p
+
+
+def _text(data: dict[str, Any], key: str) -> str:
+    if not isinstance(data[key], str):
+        raise ValueError(f"expected a string, got {type(data[key]).__name__}")
+    return str(data[key])
+
+
+def _saved_field(name: str, parse: Callable[[], T]) -> T:
+    try:
+        return parse()
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"the plan's {name!r} field is malformed: {what}") from exc

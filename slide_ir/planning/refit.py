@@ -1,0 +1,161 @@
+"""Online re-planning: a machine profile re-fit to a run's measured lanes, and the plan it asks for.
+
+A plan is as good as the profile it was priced with, and a profile measured elsewhere (a catalog
+preset, another machine of the kind, a host busy with something else) can be off by 15% or more
+on one lane while right on the others; the plan it gives then slides, streams or keeps the wrong
+units. After the first steady steps of a run, each lane kind's measured busy time is set against
+what the profile predicts for the same ops (`lane_factors`: measured / predicted); every rate of
+that lane's part of the machine is divided by its factor (`refit_machine`), and the placement
+search runs again on the re-fit profile, under the same memory budget (`replan`). The running
+plan is kept unless the new choice is predicted at least `MIN_GAIN` faster than it on that same
+re-fit profile, so measurement noise does not move a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar, cast
+
+from slide_ir.ir.graph import lane_kind
+from slide_ir.planning.cost import CostModel
+from slide_ir.planning.planner import Plan, plan
+from slide_ir.planning.timeline import predict, predict_step_s
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.hardware_parts import Machine, freeze_sources
+
+MIN_GAIN = 0.03  # re-plan when the new choice is predicted this much faster (share of a step)
+FACTOR_RANGE = (0.1, 10.0)  # a lane measured outside this is a fault, not a rate: left alone
+P = TypeVar("P")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Replanned:
+    """The outcome of one re-planning check (`plan` None: the running plan stays)."""
+
+    factors: dict[str, float]  # lane kind -> measured / predicted busy seconds
+    running_s: float  # the running plan's step on the re-fit profile
+    best_s: float  # the search's choice on the re-fit profile
+    plan: Plan | None
+    reason: str
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "factors": {k: round(v, 4) for k, v in sorted(self.factors.items())},
+            "running_step_s": round(self.running_s, 4),
+            "best_step_s": round(self.best_s, 4),
+            "replanned": self.plan is not None,
+            "reason": self.reason,
+        }
+
+
+def predicted_busy(p: Plan, steps: set[int]) -> dict[str, float]:
+    """Seconds of op time per lane kind that `p`'s profile predicts over `steps` of its graph."""
+    trace = predict(p.graph, CostModel(p.machine, cpu_threads=p.config.cpu_threads))
+    busy: dict[str, float] = {}
+    for s in trace.spans:
+        if s.step in steps:
+            kind = lane_kind(s.lane)
+            busy[kind] = busy.get(kind, 0.0) + s.duration
+    return busy
+
+
+def lane_factors(measured: Mapping[str, float], predicted: Mapping[str, float]) -> dict[str, float]:
+    """measured / predicted busy seconds per lane kind (lanes of a kind summed: nvme0 + nvme1),
+    for the kinds both have some time on and whose ratio lies within `FACTOR_RANGE`."""
+    by_kind: dict[str, float] = {}
+    for lane, seconds in measured.items():
+        by_kind[lane_kind(lane)] = by_kind.get(lane_kind(lane), 0.0) + seconds
+    lo, hi = FACTOR_RANGE
+    factors = {}
+    for kind, seconds in by_kind.items():
+        want = predicted.get(kind, 0.0)
+        if want > 0 and seconds > 0 and lo <= seconds / want <= hi:
+            factors[kind] = seconds / want
+    return factors
+
+
+def refit_machine(machine: Machine, factors: Mapping[str, float]) -> Machine:
+    """`machine` with each lane's rates divided by its factor (a lane measured 10% slow gets
+    rates 10% lower); the sources say so."""
+    sources = dict(machine.sources)
+
+    def scaled(part: P, prefix: str, fields: tuple[str, ...], kind: str) -> P:
+        factor = factors.get(kind)
+        if factor is None:
+            return part
+        new = {f: getattr(part, f) / factor for f in fields if getattr(part, f) is not None}
+        try:
+            fitted = cast(P, replace(cast(Any, part), **new))
+        except ValueError:  # past what the part's own checks allow (matmul over its peak)
+            return part
+        for f in new:
+            sources[f"{prefix}.{f}"] = f"re-fit to a run's measured {kind} lane: / {factor:.4f}"
+        return fitted
+
+    link = scaled(machine.link, "link", ("h2d_bytes_per_s", "pageable_h2d_bytes_per_s"), "h2d")
+    link = scaled(link, "link", ("d2h_bytes_per_s", "pageable_d2h_bytes_per_s"), "d2h")
+    duplex = [factors[k] for k in ("h2d", "d2h") if k in factors]
+    if duplex:
+        link = replace(link, duplex_bytes_per_s=link.duplex_bytes_per_s / max(duplex))
+        sources["link.duplex_bytes_per_s"] = (
+            f"re-fit to a run's measured copy lanes: / {max(duplex):.4f}"
+        )
+    return replace(
+        machine,
+        gpu=scaled(machine.gpu, "gpu", _GPU_RATES, "gpu"),
+        cpu=scaled(machine.cpu, "cpu", _CPU_RATES, "cpu"),
+        link=link,
+        nvme=tuple(
+            scaled(d, "nvme", ("read_bytes_per_s", "write_bytes_per_s"), "nvme")
+            for d in machine.nvme
+        ),
+        sources=freeze_sources(sources),
+    )
+
+
+_GPU_RATES = (
+    "bf16_matmul_tflops",
+    "attention_tflops",
+    "hbm_bytes_per_s",
+    "lce_logits_per_s",
+    "elementwise_bytes_per_s",
+    "adam_elems_per_s",
+)
+_CPU_RATES = (
+    "adam_elems_per_s_per_core",
+    "cast_elems_per_s_per_core",
+    "dram_bytes_per_s",
+    "dram_under_dma_bytes_per_s",
+)
+
+
+def replan(
+    running: Plan, request: TrainConfig, measured: Mapping[str, float], steps: set[int]
+) -> Replanned:
+    """Whether `running` (a plan of `request`, its "auto" choices unresolved) should give way
+    to the search's choice on the profile re-fit from `measured` (busy seconds per lane over
+    `steps` of `running.graph`). The new plan has `running`'s steps."""
+    factors = lane_factors(measured, predicted_busy(running, steps))
+    machine = refit_machine(running.machine, factors)
+    costs = CostModel(machine, cpu_threads=running.config.cpu_threads)
+    running_s = predict_step_s(running.graph, costs)
+    best = plan(running.model, machine, replace(request, steps=running.config.steps))
+    best_s = predict_step_s(best.graph, costs)
+    chosen = best.choice.chosen if best.choice else None
+    was = running.choice.chosen if running.choice else None
+    if not best.feasible or chosen is None or chosen == was:
+        return Replanned(factors=factors, running_s=running_s, best_s=best_s, plan=None,
+                         reason="the search chooses the running placement again")  # fmt: skip
+    gain = 1.0 - best_s / running_s
+    if gain < MIN_GAIN:
+        return Replanned(factors=factors, running_s=running_s, best_s=best_s, plan=None,
+                         reason=f"{chosen.describe(running.model)} predicted only "
+                                f"{gain:.1%} faster")  # fmt: skip
+    return Replanned(
+        factors=factors,
+        running_s=running_s,
+        best_s=best_s,
+        plan=best,
+        reason=f"{chosen.describe(running.model)} predicted {gain:.1%} faster on the measured rates",
+    )

@@ -1,0 +1,540 @@
+"""The compute chain every schedule shares: forward, fused loss, checkpointed backward.
+
+Units ("unit" in op ids): 0 embedding, 1..n decoder layers, n+1 head. Every schedule uses
+sliding activation checkpointing: each decoder layer's input is saved (kept on the GPU, or copied
+to pinned CPU memory, or on to NVMe), brought back ahead of the backward, and the layer recomputed.
+Except the `taped` layers (the top ones, `TrainConfig.keep_activations`): their forward records
+`s1.L3.tape` into a `gpu_tapes` slot and frees its input, and their backward reads that tape.
+Schedules differ in where weights come from and where gradients go; they plug in through the
+`before_*` / `after_bwd` hooks. Every op names the values it reads and writes (`slide_ir.planning.values`):
+the forward passes `s1.L3.x` from slot to slot, the recompute leaves `s1.L3.tape` in the
+workspace for the backward, the backward passes `s1.L3.dx` down a two-slot ring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from slide_ir.ir.graph import OpKind, PoolRole, Value, Work, slot_id
+from slide_ir.planning.builder import GraphBuilder, Taken
+from slide_ir.planning.ledger import BF16, FP32, adam_bytes_per_param, unit_params
+from slide_ir.planning.values import at, grads, micro_prefix, unit_homes, unit_value, weights
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.model import ModelSpec
+
+K = OpKind
+R = PoolRole
+
+
+@dataclass(frozen=True, slots=True)
+class StatePace:
+    """Cost estimates the sliding schedule times streamed-state downloads by."""
+
+    spill_s: float  # how long the next forward and loss leave the d2h lane free
+    link_bytes_per_s: float  # one direction of the host link, both busy
+
+
+@dataclass(kw_only=True)
+class Ctx:
+    """What an emitter needs, plus the facts that cross layer and step boundaries."""
+
+    model: ModelSpec
+    config: TrainConfig
+    b: GraphBuilder
+    drives: int
+    resident: frozenset[int] = frozenset()
+    streamed: frozenset[int] = frozenset()  # sliding units whose AdamW runs on the GPU
+    kept: frozenset[int] = frozenset()  # units the forward leaves on the GPU for the backward
+    taped: frozenset[int] = frozenset()  # layers whose forward keeps its tape (no recompute)
+    tape_slot: dict[int, str] = field(default_factory=dict)  # taped layer -> its tape's slot
+    last_update: dict[int, str] = field(default_factory=dict)  # unit -> its latest update op
+    weights_ready: dict[int, str] = field(default_factory=dict)  # unit -> op that uploaded it
+    unit_slot: dict[int, str] = field(default_factory=dict)  # unit -> GPU slot it occupies
+    act_gpu: dict[int, str] = field(default_factory=dict)  # layer -> GPU slot of its input
+    act_ready: dict[int, str] = field(default_factory=dict)  # layer -> op that put it there
+    act_home: dict[int, str] = field(default_factory=dict)  # layer -> pinned/NVMe slot
+    act_home_op: dict[int, str] = field(default_factory=dict)  # op that wrote the home copy
+    workspace: str = ""  # slot recompute took, for its backward to release
+    state_ready: dict[int, str] = field(default_factory=dict)  # streamed unit -> its state's d2h
+    opt_slot: dict[int, str] = field(default_factory=dict)  # streamed unit -> GPU state slot
+    opt_ready: dict[int, str] = field(default_factory=dict)  # streamed unit -> its state's h2d
+    pace: StatePace = StatePace(spill_s=0.0, link_bytes_per_s=1.0)
+    hidden_grad: dict[int, str] = field(default_factory=dict)  # unit -> GPU slot of its dx
+    persistent_grads: frozenset[int] = frozenset()  # units whose GPU grads outlive a micro-batch
+    grads_written: set[int] = field(default_factory=set)  # units with grads in this micro-batch
+    homes: dict[tuple[PoolRole, int], str] = field(default_factory=dict)  # see `unit_homes`
+    tokens_slot: str = ""
+    # False: the ops name no values (the placement search's candidates, which are only timed:
+    # a third of their building time); the helpers below then return None, which emit drops
+    values: bool = True
+
+    def __post_init__(self) -> None:
+        self.homes = unit_homes(self.b.pools)
+        tokens = [p for p in self.b.pools if p.role == PoolRole.TOKENS]
+        self.tokens_slot = slot_id(tokens[0].name, 0) if tokens else ""
+
+    @property
+    def n(self) -> int:
+        return self.model.num_layers
+
+    @property
+    def hidden_bytes(self) -> int:
+        return self.config.batch * self.config.seq * self.model.hidden_size * BF16
+
+    def oid(self, step: int, micro: int, unit: int, what: str) -> str:
+        m = f"m{micro}." if self.config.grad_accum > 1 else ""
+        return f"s{step}.{m}L{unit}.{what}"
+
+    def sid(self, step: int, unit: int, what: str) -> str:
+        """Id of a once-per-step op (the update and its I/O)."""
+        return f"s{step}.L{unit}.{what}"
+
+    # -- values ----------------------------------------------------------------------------
+    def hidden(self, step: int, micro: int, unit: int, what: str) -> str:
+        """`s1.L3.x` (unit 3's input), `s1.L3.dx` (its gradient), `s1.L3.tape`."""
+        return self.oid(step, micro, unit, what)
+
+    def at(self, name: str, slot: str, *, accumulate: bool = False) -> Value | None:
+        return Value(name=name, slot=slot, accumulate=accumulate) if self.values else None
+
+    def taken(self, name: str, index: int = 0) -> Taken | None:
+        return Taken(name, index) if self.values else None
+
+    def tokens(self, step: int, micro: int) -> Value | None:
+        if not self.values:
+            return None
+        return at(micro_prefix(step, micro, self.config.grad_accum) + "tokens", self.tokens_slot)
+
+    def on_gpu(self, unit: int) -> str:
+        """The GPU slot holding the unit's weights (and grads) now."""
+        slot = self.unit_slot.get(unit) or self.homes.get((R.RESIDENT, unit))
+        return slot or self.homes[(R.DEVICE_WEIGHTS, unit)]
+
+    def grads_on_gpu(self, unit: int) -> str:
+        slot = self.unit_slot.get(unit) or self.homes.get((R.RESIDENT, unit))
+        return slot or self.homes[(R.DEVICE_GRADS, unit)]
+
+    def weights_read(self, unit: int) -> Value | None:
+        if not self.values:
+            return None
+        return at(weights(unit), self.on_gpu(unit))
+
+    def grads_write(self, unit: int, micro: int) -> Value | None:
+        """The unit's GPU gradient as the next op writes it: the first write of a micro-batch
+        overwrites (unless the gradient persists across micro-batches), later ones add (a tied
+        embedding gets the LM head's gradient, then the lookup's)."""
+        if not self.values:
+            return None
+        acc = unit in self.grads_written or (unit in self.persistent_grads and micro > 0)
+        self.grads_written.add(unit)
+        return at(grads(unit), self.grads_on_gpu(unit), accumulate=acc)
+
+    def home(self, role: PoolRole, unit: int, what: str) -> Value | None:
+        if not self.values:
+            return None
+        return at(unit_value(unit, what), self.homes[(role, unit)])
+
+
+Hook = Callable[[int], None]
+
+
+def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
+    """Embedding, decoder layers 1..n, then the fused loss (LCE: forward and backward at once).
+    `before_layer(u)` runs before unit u's compute is emitted (to issue prefetches)."""
+    m, c, n, b = ctx.model, ctx.config, ctx.n, ctx.b
+    bs = (c.batch, c.seq)
+
+    def oid(u: int, w: str) -> str:
+        return ctx.oid(step, micro, u, w)
+
+    b.micro = micro  # what follows, up to the next micro-batch's forward, belongs to it
+    before_layer(0)
+    ctx.grads_written.clear()
+    (x1,) = b.emit(
+        oid(0, "fwd"),
+        K.FWD,
+        "gpu",
+        step=step,
+        unit=0,
+        work=Work(bytes=ctx.hidden_bytes),
+        deps=[ctx.weights_ready.get(0)],
+        acquire=["gpu_acts"],
+        reads=[ctx.weights_read(0)],
+        writes=[ctx.taken(oid(1, "x")), ctx.tokens(step, micro)],
+    )
+    ctx.act_gpu[1], ctx.act_ready[1] = x1, oid(0, "fwd")
+    for i in range(1, n + 1):
+        before_layer(i)
+        done_with_unit = i not in ctx.kept and i in ctx.unit_slot
+        taped = i in ctx.taped
+        slots = b.emit(
+            oid(i, "fwd"),
+            K.FWD,
+            "gpu",
+            step=step,
+            unit=i,
+            work=layer_work(m, c, backward=False),
+            deps=[ctx.weights_ready.get(i)],
+            acquire=["gpu_acts", "gpu_tapes"] if taped else ["gpu_acts"],
+            scratch=["gpu_workspace"],
+            release=[ctx.unit_slot[i] if done_with_unit else None,
+                     ctx.act_gpu[i] if taped else None],
+            reads=[ctx.weights_read(i), ctx.at(oid(i, "x"), ctx.act_gpu[i])],
+            writes=[ctx.taken(oid(i + 1, "x")), ctx.taken(oid(i, "tape"), 1) if taped else None],
+        )  # fmt: skip
+        if done_with_unit:
+            del ctx.unit_slot[i]
+        ctx.act_gpu[i + 1], ctx.act_ready[i + 1] = slots[0], oid(i, "fwd")
+        if taped:
+            ctx.tape_slot[i] = slots[1]
+            del ctx.act_gpu[i], ctx.act_ready[i]
+        elif c.activations != "gpu":
+            _save_activation(ctx, step, micro, i)
+    before_layer(n + 1)
+    head, tied = n + 1, m.tied_embeddings
+    (ctx.hidden_grad[head],) = b.emit(
+        oid(n + 1, "loss"),
+        K.LOSS,
+        "gpu",
+        step=step,
+        unit=n + 1,
+        work=Work(
+            flops=m.head_fwd_flops(*bs) + m.head_bwd_flops(*bs),
+            bytes=m.head_elementwise_bytes(*bs),
+            elements=c.batch * c.seq * m.vocab_size,  # logits
+        ),
+        deps=[ctx.weights_ready.get(n + 1)],
+        acquire=["gpu_hidden_grads"],
+        scratch=["gpu_workspace"],
+        release=[ctx.act_gpu[head]],
+        reads=[ctx.weights_read(head), ctx.at(oid(head, "x"), ctx.act_gpu.pop(head)),
+               ctx.tokens(step, micro), ctx.weights_read(0) if tied else None],
+        writes=[ctx.grads_write(head, micro), ctx.taken(oid(head, "dx")),
+                ctx.grads_write(0, micro) if tied else None],
+    )  # fmt: skip
+
+
+def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hook) -> None:
+    """Layers n..1: (load input,) recompute, backward; then the embedding's backward.
+    `before_layer(j)` issues prefetches; `after_bwd(u)` sends unit u's gradients on."""
+    m, c, b = ctx.model, ctx.config, ctx.b
+
+    def oid(u: int, w: str) -> str:
+        return ctx.oid(step, micro, u, w)
+
+    for j in range(ctx.n, 0, -1):
+        before_layer(j)
+        if j in ctx.taped:
+            _taped_backward(ctx, step, micro, j)
+            after_bwd(j)
+            continue
+        (ctx.workspace,) = b.emit(
+            oid(j, "recompute"),
+            K.RECOMPUTE,
+            "gpu",
+            step=step,
+            unit=j,
+            work=layer_work(m, c, backward=False),
+            deps=[ctx.weights_ready.get(j), ctx.act_ready.pop(j)],
+            acquire=["gpu_workspace"],
+            reads=[ctx.weights_read(j), ctx.at(oid(j, "x"), ctx.act_gpu[j])],
+            writes=[ctx.taken(oid(j, "tape"))],
+        )
+        dx_in = ctx.hidden_grad.pop(j + 1)
+        (ctx.hidden_grad[j],) = b.emit(
+            oid(j, "bwd"),
+            K.BWD,
+            "gpu",
+            step=step,
+            unit=j,
+            work=layer_work(m, c, backward=True),
+            acquire=["gpu_hidden_grads"],
+            release=[ctx.workspace, ctx.act_gpu.pop(j), dx_in],
+            reads=[ctx.weights_read(j), ctx.at(oid(j, "tape"), ctx.workspace),
+                   ctx.at(oid(j + 1, "dx"), dx_in)],
+            writes=[ctx.grads_write(j, micro), ctx.taken(oid(j, "dx"))],
+        )  # fmt: skip
+        after_bwd(j)
+    dx_in = ctx.hidden_grad.pop(1)
+    b.emit(oid(0, "bwd"), K.BWD, "gpu", step=step, unit=0, work=Work(bytes=ctx.hidden_bytes),
+           release=[dx_in], reads=[ctx.weights_read(0), ctx.tokens(step, micro),
+                                   ctx.at(oid(1, "dx"), dx_in)],
+           writes=[ctx.grads_write(0, micro)])  # fmt: skip
+    after_bwd(0)
+
+
+def _taped_backward(ctx: Ctx, step: int, micro: int, j: int) -> None:
+    """The backward of a layer whose forward kept its tape: no recompute, no saved input."""
+    dx_in, tape = ctx.hidden_grad.pop(j + 1), ctx.tape_slot.pop(j)
+    (ctx.hidden_grad[j],) = ctx.b.emit(
+        ctx.oid(step, micro, j, "bwd"),
+        K.BWD,
+        "gpu",
+        step=step,
+        unit=j,
+        work=layer_work(ctx.model, ctx.config, backward=True),
+        deps=[ctx.weights_ready.get(j)],
+        acquire=["gpu_hidden_grads"],
+        scratch=["gpu_workspace"],
+        release=[tape, dx_in],
+        reads=[ctx.weights_read(j), ctx.at(ctx.hidden(step, micro, j, "tape"), tape),
+               ctx.at(ctx.hidden(step, micro, j + 1, "dx"), dx_in)],
+        writes=[ctx.grads_write(j, micro), ctx.taken(ctx.hidden(step, micro, j, "dx"))],
+    )  # fmt: skip
+
+
+def layer_work(model: ModelSpec, config: TrainConfig, *, backward: bool) -> Work:
+    """One decoder layer's forward (or recompute) or backward: matmul and attention FLOPs, and
+    the elementwise kernels' HBM traffic (the backward's is about twice the forward's)."""
+    bs = (config.batch, config.seq)
+    scale = 2 if backward else 1
+    return Work(
+        flops=scale * model.layer_fwd_flops(*bs),
+        attn_flops=scale * model.attention_fwd_flops(*bs),
+        bytes=scale * model.layer_elementwise_bytes(*bs),
+    )
+
+
+def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:
+    """Copy layer i's input to pinned memory (and on to NVMe) once layer i has read it."""
+    b, hb = ctx.b, ctx.hidden_bytes
+
+    def oid(w: str) -> str:
+        return ctx.oid(step, micro, i, w)
+
+    home = "pinned_acts" if ctx.config.activations == "cpu" else "pinned_act_staging"
+    (slot,) = b.emit(
+        oid("act.save"),
+        K.ACT_SAVE,
+        "d2h",
+        step=step,
+        unit=i,
+        work=Work(bytes=hb),
+        deps=[oid("fwd")],
+        acquire=[home],
+        release=[ctx.act_gpu[i]],
+        reads=[ctx.at(oid("x"), ctx.act_gpu.pop(i))],
+        writes=[ctx.taken(oid("x"))],
+    )
+    ctx.act_home[i], ctx.act_home_op[i] = slot, oid("act.save")
+    ctx.act_ready.pop(i, None)
+    if ctx.config.activations == "nvme":
+        (disk,) = b.emit(
+            oid("act.write"),
+            K.NVME_WRITE,
+            _drive(ctx, i),
+            step=step,
+            unit=i,
+            work=Work(bytes=hb),
+            deps=[oid("act.save")],
+            acquire=["nvme_acts"],
+            release=[slot],
+            reads=[ctx.at(oid("x"), slot)],
+            writes=[ctx.taken(oid("x"))],
+        )
+        ctx.act_home[i], ctx.act_home_op[i] = disk, oid("act.write")
+
+
+def read_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
+    """NVMe -> pinned staging, one step ahead of the load to the GPU."""
+    if ctx.config.activations != "nvme" or not 1 <= j <= ctx.n or j in ctx.act_gpu:
+        return
+    if j in ctx.taped:
+        return
+    if not ctx.act_home_op[j].endswith("act.write"):
+        return  # already read
+    op_id = ctx.oid(step, micro, j, "act.read")
+    (staging,) = ctx.b.emit(
+        op_id,
+        K.NVME_READ,
+        _drive(ctx, j),
+        step=step,
+        unit=j,
+        work=Work(bytes=ctx.hidden_bytes),
+        deps=[ctx.act_home_op[j]],
+        acquire=["pinned_act_staging"],
+        release=[ctx.act_home[j]],
+        reads=[ctx.at(ctx.hidden(step, micro, j, "x"), ctx.act_home[j])],
+        writes=[ctx.taken(ctx.hidden(step, micro, j, "x"))],
+    )
+    ctx.act_home[j], ctx.act_home_op[j] = staging, op_id
+
+
+def load_activation(ctx: Ctx, step: int, micro: int, j: int) -> None:
+    """Bring layer j's saved input back to the GPU (no-op when it never left or is back)."""
+    if ctx.config.activations == "gpu" or not 1 <= j <= ctx.n or j in ctx.act_gpu:
+        return
+    if j in ctx.taped:
+        return
+    read_activation(ctx, step, micro, j)
+    op_id = ctx.oid(step, micro, j, "act.load")
+    (slot,) = ctx.b.emit(
+        op_id,
+        K.ACT_LOAD,
+        "h2d",
+        step=step,
+        unit=j,
+        work=Work(bytes=ctx.hidden_bytes),
+        deps=[ctx.act_home_op.pop(j)],
+        acquire=["gpu_acts"],
+        release=[ctx.act_home[j]],
+        reads=[ctx.at(ctx.hidden(step, micro, j, "x"), ctx.act_home.pop(j))],
+        writes=[ctx.taken(ctx.hidden(step, micro, j, "x"))],
+    )
+    ctx.act_gpu[j], ctx.act_ready[j] = slot, op_id
+
+
+def prefetch_activations(ctx: Ctx, step: int, micro: int, layer: int) -> None:
+    """Before layer j's recompute: its input and the next `act_buffers - 2` inputs are loaded
+    (the ring keeps one slot free), and one more is read from NVMe into pinned staging."""
+    reach = ctx.config.act_buffers - 2
+    for j in range(layer, layer - reach - 1, -1):
+        load_activation(ctx, step, micro, j)
+    read_activation(ctx, step, micro, layer - reach - 1)
+
+
+def _drive(ctx: Ctx, layer: int) -> str:
+    """Activations go to drives round-robin by layer: whole tensors, no striping."""
+    return f"nvme{layer % ctx.drives}"
+
+
+def device_update(ctx: Ctx, step: int, unit: int) -> str:
+    """The GPU AdamW of a unit whose weights, grads and state live on the GPU; its op id."""
+    op_id, slot = ctx.sid(step, unit, "gpu_adam"), ctx.on_gpu(unit)
+    state = ctx.home(R.RESIDENT, unit, "state")
+    ctx.b.emit(op_id, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
+               reads=[ctx.at(grads(unit), slot), state],
+               writes=[ctx.at(weights(unit), slot), state])  # fmt: skip
+    return op_id
+
+
+def adam_work(ctx: Ctx, unit: int) -> Work:
+    p = unit_params(ctx.model, unit)
+    return Work(elements=p, bytes=p * adam_bytes_per_param(ctx.config))
+
+
+def gpu_adam_work(ctx: Ctx, unit: int) -> Work:
+    """The GPU AdamW of a resident or streamed unit as the executor runs it: the host update's 28 B/param,
+    plus the BF16 gradient's FP32 upcast through a temporary (written, then read: 8 B) and the
+    BF16 weights re-read from the updated FP32 master (4 B more than the fused cast counted)."""
+    p = unit_params(ctx.model, unit)
+    return Work(elements=p, bytes=p * (adam_bytes_per_param(ctx.config) + 3 * FP32))
+
+
+def grad_accum_work(ctx: Ctx, unit: int) -> Work:
+    """Read the landed BF16 grads, read-modify-write the FP32 accumulator."""
+    p = unit_params(ctx.model, unit)
+    return Work(elements=p, bytes=p * (BF16 + 2 * FP32))
+
+
+def param_bytes(ctx: Ctx, unit: int) -> int:
+    return unit_params(ctx.model, unit) * BF16
+
+
+def unit_group(ctx: Ctx, unit: int) -> str:
+    """Pools are per unit size: the embedding, the decoder layers, the head."""
+    return "embed" if unit == 0 else "head" if unit == ctx.n + 1 else "layers"
+
+
+class OptimizerIo:
+    """Optimizer state on NVMe: read a unit's state ahead of its update (striped over every
+    drive), write it back after. `prefetch(order, q)` reads units order[q] and order[q + 1]."""
+
+    def __init__(self, ctx: Ctx, step: int) -> None:
+        self.ctx, self.step = ctx, step
+        self.reads: dict[int, list[str]] = {}
+        self.staging: dict[int, tuple[str, ...]] = {}
+        self.on_nvme = {
+            "cpu": 0,
+            "nvme": FP32 + ctx.config.moment_bytes,
+            "nvme-moments": ctx.config.moment_bytes,
+        }[ctx.config.optimizer]
+
+    def prefetch(self, order: list[int], q: int) -> list[str]:
+        """Emit the reads of order[q] (if not yet) and order[q + 1]; returns order[q]'s reads."""
+        if not self.on_nvme:
+            return []
+        for u in order[q : q + 2]:
+            if u not in self.reads:
+                self._read(u)
+        return self.reads[order[q]]
+
+    def _read(self, unit: int) -> None:
+        ctx, d = self.ctx, self.ctx.drives
+        share = -(-unit_params(ctx.model, unit) * self.on_nvme // d)
+        ids, slots = [], []
+        for k in range(d):
+            op_id = ctx.sid(self.step, unit, f"opt.read{k}")
+            (slot,) = ctx.b.emit(
+                op_id,
+                K.NVME_READ,
+                f"nvme{k}",
+                step=self.step,
+                unit=unit,
+                work=Work(bytes=share),
+                deps=[ctx.last_update.get(unit)],
+                acquire=[f"opt_staging_{unit_group(ctx, unit)}"],
+                reads=[ctx.home(R.NVME_STATE, unit, f"state{k}")],
+                writes=[ctx.taken(unit_value(unit, f"state{k}"))],
+            )
+            ids.append(op_id)
+            slots.append(slot)
+        self.reads[unit], self.staging[unit] = ids, tuple(slots)
+
+    def update(
+        self,
+        order: list[int],
+        unit: int,
+        *,
+        deps: list[str],
+        grads: Value | None = None,
+        release: tuple[str, ...] = (),
+    ) -> None:
+        """The CPU AdamW of `unit` from its landed `grads` (state read ahead from NVMe first,
+        written back after); `order` is the order the updates are emitted in, for the read-ahead.
+        With several micro-batches the landed gradient is added into the accumulator first."""
+        ctx = self.ctx
+        reads = self.prefetch(order, order.index(unit))
+        op_id = ctx.sid(self.step, unit, "adam")
+        acc = ctx.home(R.GRAD_ACCUM, unit, "gacc") if ctx.config.grad_accum > 1 else None
+        state = self._state(unit)
+        ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, unit=unit, work=adam_work(ctx, unit),
+                   deps=[*deps, *reads], release=release, reads=[grads, acc, *state],
+                   writes=[acc and ctx.at(acc.name, acc.slot, accumulate=True),
+                           ctx.home(R.HOST_WEIGHTS, unit, "w"), *state])  # fmt: skip
+        self.write_back(unit, op_id)
+        ctx.last_update[unit] = op_id
+
+    def _state(self, unit: int) -> list[Value | None]:
+        """Where the update finds the unit's master and moments: RAM, or the staging slots of
+        its NVMe stripes (and the master in RAM when only the moments are on NVMe)."""
+        ctx = self.ctx
+        master = ctx.home(R.MASTER, unit, "master") if (R.MASTER, unit) in ctx.homes else None
+        if not self.on_nvme:
+            return [master, ctx.home(R.MOMENTS, unit, "moments")]
+        stripes = [
+            ctx.at(unit_value(unit, f"state{k}"), s) for k, s in enumerate(self.staging[unit])
+        ]
+        return [*([master] if master else []), *stripes]
+
+    def write_back(self, unit: int, update_op: str) -> None:
+        """Emit the writes after `update_op`. The next step's read of the same stripe comes
+        later on the same drive's lane, so lane order keeps it behind its write."""
+        if not self.on_nvme:
+            return
+        ctx, d = self.ctx, self.ctx.drives
+        share = -(-unit_params(ctx.model, unit) * self.on_nvme // d)
+        for k, slot in enumerate(self.staging.pop(unit)):
+            ctx.b.emit(
+                ctx.sid(self.step, unit, f"opt.write{k}"),
+                K.NVME_WRITE,
+                f"nvme{k}",
+                step=self.step,
+                unit=unit,
+                work=Work(bytes=share),
+                deps=[update_op],
+                release=[slot],
+                reads=[ctx.at(unit_value(unit, f"state{k}"), slot)],
+                writes=[ctx.home(R.NVME_STATE, unit, f"state{k}")],
+            )

@@ -1,0 +1,289 @@
+"""The sliding schedule: the GPU as a window over the layers.
+
+Per step (and micro-batch): the embedding and decoder layers are uploaded into a ring of cache
+units `cache_units - 1` layers ahead of the forward; the last of them stay on the GPU into the
+backward. In backward, layer j's gradients go down on `d2h` as soon as its backward ends and its
+AdamW update runs on `cpu` while the GPU computes layer j-1. The next step's upload of a unit
+waits for that unit's update. Resident units never move: a GPU AdamW updates them in place.
+
+Streamed units (see `streaming`) slide like the others, but their FP32 state comes up on `h2d`
+before their backward, a GPU AdamW updates them after it, and the new BF16 weights, then the
+state, go down on `d2h`. The next step's upload waits for the weights only; the next state
+upload waits for the state. Each streamed unit has a GPU state slot of its own, so the state
+can travel when the link is free rather than when the unit is next (`_StateTraffic`).
+"""
+
+from __future__ import annotations
+
+from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
+from slide_ir.planning.ledger import FP32, unit_params
+from slide_ir.planning.schedules import (
+    Ctx,
+    OptimizerIo,
+    backward,
+    device_update,
+    forward,
+    gpu_adam_work,
+    grad_accum_work,
+    param_bytes,
+    prefetch_activations,
+    unit_group,
+)
+from slide_ir.planning.values import grads, weights
+
+K = OpKind
+R = PoolRole
+
+
+def emit_sliding(ctx: Ctx) -> None:
+    c, n = ctx.config, ctx.n
+    layers = [i for i in range(1, n + 1) if i not in ctx.resident]
+    ahead = max(min(c.cache_depth, len(layers)) - 1, 0)
+    ctx.kept = frozenset(layers[len(layers) - ahead :]) if ahead else frozenset()
+    ctx.persistent_grads = ctx.resident
+    ctx.taped = frozenset(range(n - c.kept_tapes + 1, n + 1))
+    for step in range(1, c.steps + 1):
+        io = OptimizerIo(ctx, step)
+        order = [u for u in (n + 1, *range(n, 0, -1), 0) if u not in ctx.resident]
+        for micro in range(c.grad_accum):
+            last = micro == c.grad_accum - 1
+            _Micro(ctx, step, micro, last, layers, ahead, io, order).run()
+
+
+class _Micro:
+    """One micro-batch of the sliding schedule: prefetch bookkeeping plus the compute chain."""
+
+    def __init__(
+        self,
+        ctx: Ctx,
+        step: int,
+        micro: int,
+        last: bool,
+        layers: list[int],
+        ahead: int,
+        io: OptimizerIo,
+        order: list[int],
+    ) -> None:
+        self.ctx, self.step, self.micro, self.last = ctx, step, micro, last
+        self.layers, self.ahead, self.io, self.order = layers, ahead, io, order
+        self.uploaded: dict[str, set[int]] = {"fwd": set(), "bwd": set()}
+        self.phase = "fwd"
+        self.state = _StateTraffic(ctx, step)
+
+    def run(self) -> None:
+        ctx = self.ctx
+        forward(ctx, self.step, self.micro, self.before_forward)
+        self.after_bwd(ctx.n + 1)
+        self.phase = "bwd"
+        backward(ctx, self.step, self.micro, self.before_backward, self.after_bwd)
+        self.state.flush_downloads()
+
+    # -- prefetch ------------------------------------------------------------------------------
+    def before_forward(self, unit: int) -> None:
+        n = self.ctx.n
+        if unit == 0:
+            self._upload_layers(self.layers, 0)
+            self._upload(0)
+        elif unit in self.layers:
+            self._upload_layers(self.layers, self.layers.index(unit))
+        if unit == n + 1 or self.uploaded["fwd"].issuperset(self.layers):
+            self._upload(n + 1)
+        if unit == n + 1:
+            self.state.upload_share(through=n + 1)
+
+    def before_backward(self, layer: int) -> None:
+        ctx = self.ctx
+        back = self.layers[::-1]
+        if layer in back:
+            self._upload_layers(back, back.index(layer))
+        prefetch_activations(ctx, self.step, self.micro, layer)
+        self.state.upload_share(through=layer)
+
+    def _upload_layers(self, order: list[int], pos: int) -> None:
+        for u in order[pos : pos + self.ahead + 1]:
+            self._upload(u)
+
+    def _upload(self, unit: int) -> None:
+        ctx = self.ctx
+        done = self.uploaded[self.phase]
+        if unit in ctx.resident or unit in ctx.unit_slot or unit in done:
+            return
+        done.add(unit)
+        pool = "gpu_units" if 1 <= unit <= ctx.n else f"gpu_{unit_group(ctx, unit)}"
+        what = "w.h2d" if self.phase == "fwd" else "w.h2d.bwd"
+        op_id = ctx.oid(self.step, self.micro, unit, what)
+        after = ctx.last_update.get(unit)
+        home = ctx.home(R.HOST_WEIGHTS, unit, "w")
+        slot = _upload(ctx, op_id, K.H2D_PARAM, self.step, unit, param_bytes(ctx, unit), after,
+                       pool, [home])  # fmt: skip
+        ctx.unit_slot[unit], ctx.weights_ready[unit] = slot, op_id
+
+    # -- gradients -----------------------------------------------------------------------------
+    def after_bwd(self, unit: int) -> None:
+        ctx, step = self.ctx, self.step
+        produced_by = ctx.oid(step, self.micro, unit, "loss" if unit == ctx.n + 1 else "bwd")
+        if unit in ctx.streamed:
+            self._streamed_update(unit)
+            return
+        if unit in ctx.resident:
+            if self.last:
+                ctx.last_update[unit] = device_update(ctx, step, unit)
+            return
+        d2h = ctx.oid(step, self.micro, unit, "g.d2h")
+        on_gpu = ctx.unit_slot.pop(unit)
+        (landing,) = ctx.b.emit(
+            d2h,
+            K.D2H_GRAD,
+            "d2h",
+            step=step,
+            unit=unit,
+            work=Work(bytes=param_bytes(ctx, unit)),
+            deps=[produced_by],
+            acquire=[f"pinned_grads_{unit_group(ctx, unit)}"],
+            release=[on_gpu],
+            reads=[ctx.at(grads(unit), on_gpu)],
+            writes=[ctx.taken(grads(unit))],
+        )
+        if not self.last:
+            acc = ctx.home(R.GRAD_ACCUM, unit, "gacc")
+            ctx.b.emit(
+                ctx.oid(step, self.micro, unit, "g.accum"),
+                K.GRAD_ACCUM,
+                "cpu",
+                step=step,
+                unit=unit,
+                work=grad_accum_work(ctx, unit),
+                deps=[d2h],
+                release=[landing],
+                reads=[ctx.at(grads(unit), landing)],
+                writes=[acc and ctx.at(acc.name, acc.slot, accumulate=self.micro > 0)],
+            )
+            return
+        self.io.update(self.order, unit, deps=[d2h], grads=ctx.at(grads(unit), landing),
+                       release=(landing,))  # fmt: skip
+
+    def _streamed_update(self, unit: int) -> None:
+        """GPU AdamW of a streamed unit, then its new BF16 weights (and maybe its state) go down."""
+        ctx, step = self.ctx, self.step
+        adam = ctx.sid(step, unit, "gpu_adam")
+        slot, state = ctx.unit_slot.pop(unit), ctx.at(f"L{unit}.state", ctx.opt_slot[unit])
+        w = ctx.at(weights(unit), slot)
+        ctx.b.emit(adam, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
+                   deps=[ctx.opt_ready.pop(unit)], reads=[ctx.at(grads(unit), slot), state],
+                   writes=[w, state])  # fmt: skip
+        down = ctx.sid(step, unit, "w.d2h")
+        ctx.b.emit(down, K.W_D2H, "d2h", step=step, unit=unit,
+                   work=Work(bytes=param_bytes(ctx, unit)), deps=[adam], release=[slot],
+                   reads=[w], writes=[ctx.home(R.HOST_WEIGHTS, unit, "w")])  # fmt: skip
+        ctx.last_update[unit] = down
+        self.state.updated(unit)
+
+
+class _StateTraffic:
+    """When a step's streamed state crosses the link.
+
+    Uploads are spread evenly over the loss and the n decoder layers' backward, each phase's
+    share behind its weight and activation prefetches, the embedding's and head's first (the
+    loss leaves the link idle) and then the layers' in the order the backward updates them:
+    a streamed layer alone needs more link time than its backward takes, so uploading each
+    just before its backward stalls the GPU there while the link idles through the
+    host-updated layers. Downloads follow their unit's new weights, except for the last units
+    to update: as many states as the next forward and loss can carry (`StatePace.spill_s`)
+    wait until the backward is done, so the backward's tail runs at the GPU's pace; they go
+    down in the order the next step uploads them."""
+
+    def __init__(self, ctx: Ctx, step: int) -> None:
+        self.ctx, self.step = ctx, step
+        n = ctx.n
+        self.order = [u for u in (0, n + 1, *range(n, 0, -1)) if u in ctx.streamed]
+        self.to_upload = list(self.order)
+        self.total = sum(_state_bytes(ctx, u) for u in self.order)
+        self.sent = 0
+        self.phases = 0
+        self.deferred: list[int] = []
+        self.defer = self._spilled()
+
+    def _spilled(self) -> set[int]:
+        """The last streamed units to update whose states fit in the spill budget."""
+        ctx = self.ctx
+        budget = ctx.pace.spill_s * ctx.pace.link_bytes_per_s
+        out: set[int] = set()
+        for unit in (0, *range(1, ctx.n + 2)):  # the reverse of the update order
+            if unit not in ctx.streamed:
+                continue
+            budget -= _state_bytes(ctx, unit)
+            if budget < 0:
+                break
+            out.add(unit)
+        return out
+
+    def upload_share(self, through: int) -> None:
+        """One phase: every upload up to `through`'s (its update is next), then more until the
+        bytes sent reach this phase's share."""
+        self.phases += 1
+        target = self.total * self.phases / (self.ctx.n + 1)
+        if through in self.to_upload:
+            for unit in self.to_upload[: self.to_upload.index(through) + 1]:
+                self._upload(unit)
+        while self.to_upload and self.sent < target:
+            self._upload(self.to_upload[0])
+
+    def _upload(self, unit: int) -> None:
+        ctx = self.ctx
+        self.to_upload.remove(unit)
+        self.sent += _state_bytes(ctx, unit)
+        op_id, pool = ctx.sid(self.step, unit, "opt.h2d"), f"gpu_opt_{unit_group(ctx, unit)}"
+        after = ctx.state_ready.get(unit)
+        slot = _upload(ctx, op_id, K.OPT_H2D, self.step, unit, _state_bytes(ctx, unit), after,
+                       pool, _host_state(ctx, unit), "state")  # fmt: skip
+        ctx.opt_slot[unit], ctx.opt_ready[unit] = slot, op_id
+
+    def updated(self, unit: int) -> None:
+        if unit in self.defer:
+            self.deferred.append(unit)
+        else:
+            self._download(unit)
+
+    def flush_downloads(self) -> None:
+        for unit in sorted(self.deferred, key=self.order.index):
+            self._download(unit)
+
+    def _download(self, unit: int) -> None:
+        ctx, step = self.ctx, self.step
+        op_id = ctx.sid(step, unit, "opt.d2h")
+        slot = ctx.opt_slot.pop(unit)
+        ctx.b.emit(op_id, K.OPT_D2H, "d2h", step=step, unit=unit,
+                   work=Work(bytes=_state_bytes(ctx, unit)), deps=[ctx.sid(step, unit, "gpu_adam")],
+                   release=[slot], reads=[ctx.at(f"L{unit}.state", slot)],
+                   writes=_host_state(ctx, unit))  # fmt: skip
+        ctx.state_ready[unit] = op_id
+
+
+def _upload(
+    ctx: Ctx,
+    op_id: str,
+    kind: OpKind,
+    step: int,
+    unit: int,
+    nbytes: int,
+    after: str | None,
+    pool: str,
+    reads: list[Value | None],
+    what: str = "w",
+) -> str:
+    """An `h2d` copy of `nbytes` from `reads` into a slot of `pool` (as `L{unit}.{what}`) once
+    `after` is done; returns the slot."""
+    (slot,) = ctx.b.emit(op_id, kind, "h2d", step=step, unit=unit, work=Work(bytes=nbytes),
+                         deps=[after], acquire=[pool], reads=reads,
+                         writes=[ctx.taken(f"L{unit}.{what}")])  # fmt: skip
+    return slot
+
+
+def _host_state(ctx: Ctx, unit: int) -> list[Value | None]:
+    """A streamed unit's FP32 master and moments in pinned RAM."""
+    return [ctx.home(R.MASTER, unit, "master"), ctx.home(R.MOMENTS, unit, "moments")]
+
+
+def _state_bytes(ctx: Ctx, unit: int) -> int:
+    """FP32 master + both moments of a unit."""
+    return unit_params(ctx.model, unit) * (FP32 + ctx.config.moment_bytes)

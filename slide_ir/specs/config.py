@@ -1,0 +1,221 @@
+"""TrainConfig: what the user asks for (batch, sequence, where activations and optimizer state live).
+
+Validated on construction: a bad value raises ValueError naming the field and the valid range, so
+the planner never sees an impossible request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Schedule(StrEnum):
+    SLIDING = "sliding"  # the GPU as a sliding window over the layers
+    ZERO_OFFLOAD = (
+        "zero-offload"  # DeepSpeed ZeRO-2 with CPU offload (`slide_ir.planning.zero_offload`)
+    )
+    GPU_ONLY = "gpu-only"  # everything on the GPU: the no-offload reference
+
+
+class Activations(StrEnum):
+    """Where the saved layer inputs live. AUTO: chosen with the rest of the placement
+    (`slide_ir.planning.placement`; on the host with placement="small")."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    NVME = "nvme"
+    AUTO = "auto"
+
+
+class OptimizerHome(StrEnum):
+    CPU = "cpu"  # FP32 master and moments in RAM
+    NVME = "nvme"  # master weights and both moments on NVMe
+    NVME_MOMENTS = "nvme-moments"  # only the two moments on NVMe
+
+
+class MomentsDtype(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class PlacementMode(StrEnum):
+    """How "auto" choices are made."""
+
+    # every "auto" choice (resident, streamed and sliding units, where the layer inputs live,
+    # the cache depth) together, for the shortest predicted step that fits (`slide_ir.planning.placement`)
+    FAST = "fast"
+    SMALL = "small"  # the smallest footprint: all sliding, inputs on the host, DEFAULT_CACHE_UNITS
+
+
+class Clip(StrEnum):
+    NONE = "none"
+    # each unit's gradient (the embedding, one decoder layer, the head) is clipped to `clip_norm`
+    # by its own L2 norm, right before its update: exact global-norm clipping would need every
+    # gradient before the first update, which is the overlap the sliding schedule exists for
+    PER_UNIT = "per-unit"
+
+
+# the choices as strings, for command-line parsers (a StrEnum member is its string)
+SCHEDULES = tuple(Schedule)
+ACTIVATION_PLACES = (Activations.GPU, Activations.CPU, Activations.NVME)
+ACTIVATION_CHOICES = tuple(Activations)
+OPTIMIZER_PLACES = tuple(OptimizerHome)
+MOMENT_DTYPES = tuple(MomentsDtype)
+PLACEMENTS = tuple(PlacementMode)
+CLIP_MODES = tuple(Clip)
+DEFAULT_CACHE_UNITS = 3
+# the string choices of TrainConfig, turned into their StrEnum on construction
+_ENUMS = {"schedule": Schedule, "activations": Activations, "optimizer": OptimizerHome,
+          "moments_dtype": MomentsDtype, "placement": PlacementMode, "clip": Clip}  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    batch: int
+    seq: int
+    steps: int = 3
+    grad_accum: int = 1
+    # the string choices below are StrEnums once constructed (`_ENUMS`; strings compare equal)
+    schedule: str = Schedule.SLIDING
+    activations: str = Activations.AUTO
+    optimizer: str = OptimizerHome.CPU
+    moments_dtype: str = MomentsDtype.FP32
+    # GPU cache units for sliding decoder layers (prefetch depth + 1): a count >= 2, or "auto"
+    # (chosen by the placement search; DEFAULT_CACHE_UNITS where nothing is searched)
+    cache_units: int | str = "auto"
+    # pinned CPU landing buffers for downloaded decoder-layer gradients; None: 3, or with
+    # resident or streamed units one per host-updated layer (see `ledger.landing_buffers`)
+    grad_buffers: int | None = None
+    act_buffers: int = 3  # GPU buffers for layer inputs in flight to/from the CPU
+    # units kept whole on the GPU (weights, grads, master, moments; updated there), first in
+    # `ledger.resident_preference` order: a count, or "auto"
+    resident: int | str = "auto"
+    # sliding units whose AdamW runs on the GPU, their FP32 master and moments streamed over the
+    # link (up before the unit's backward, down after): a count, or "auto". See `streamed_units`.
+    streamed: int | str = "auto"
+    # decoder layers whose forward keeps its autograd tape on the GPU for the backward (no
+    # recompute, no saved input): the top ones, last forwarded and first backwarded. A count, or
+    # "auto" (chosen by the placement search; 0 where nothing is searched). 0 by default until
+    # a GPU has run it: the search fills the GPU to its margin with tapes torch allocates
+    keep_activations: int | str = 0
+    lce_chunk_tokens: int | None = None  # None: chosen from `lce_budget_bytes`
+    lce_budget_bytes: int = 1 << 29  # a chunk's bf16 logits: 2048 tokens at vocab 128256
+    cpu_threads: int | None = None  # optimizer threads; None: every core
+    placement: str = PlacementMode.FAST  # how "auto" choices are made
+    # a cap on the GPU memory the plan may use (a shared GPU, a second job); None: the GPU's
+    gpu_memory_gb: float | None = None
+    gpu_margin: float = 0.05  # share of the (capped) GPU memory "auto" choices leave free
+    # share of host RAM left to the OS and page cache: the ledger's CPU capacity is the rest (an
+    # 8B plan at 99% of the H200 host's 125 GiB was killed by the kernel's OOM killer)
+    host_margin: float = 0.05
+    clip: str = Clip.NONE
+    clip_norm: float = 1.0
+    # zero-offload: DeepSpeed's reduce_bucket_size, in elements (its default; see zero_offload)
+    reduce_bucket: int = 500_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "seq", "steps", "grad_accum"):
+            _positive(name, getattr(self, name))
+        for name, enum in _ENUMS.items():
+            _choice(name, getattr(self, name), tuple(enum))
+            object.__setattr__(self, name, enum(getattr(self, name)))
+        _cache_units(self.cache_units)
+        cap = self.gpu_memory_gb
+        if cap is not None and (
+            isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap < 1e6
+        ):
+            raise ValueError(
+                f"gpu_memory_gb must be a number of GB > 0 (or None: the GPU's memory), "
+                f"got {self.gpu_memory_gb!r}"
+            )
+        if self.grad_buffers is not None and self.grad_buffers < 1:
+            raise ValueError(f"grad_buffers must be >= 1, got {self.grad_buffers}")
+        if self.act_buffers < 3:
+            raise ValueError(
+                f"act_buffers must be >= 3 (input, output, one in flight), got {self.act_buffers}"
+            )
+        for name in ("resident", "streamed", "keep_activations"):
+            _count_or_auto(name, getattr(self, name))
+        plain = (self.schedule, self.optimizer, self.grad_accum) == ("sliding", "cpu", 1)
+        if isinstance(self.streamed, int) and self.streamed > 0 and not plain:
+            raise ValueError(
+                f"streamed={self.streamed} needs schedule 'sliding', optimizer 'cpu' and "
+                f"grad_accum 1 (got '{self.schedule}', '{self.optimizer}', {self.grad_accum}); "
+                "use streamed=0 or 'auto'"
+            )
+        if self.lce_chunk_tokens is not None:
+            _positive("lce_chunk_tokens", self.lce_chunk_tokens)
+        _positive("lce_budget_bytes", self.lce_budget_bytes)
+        if self.cpu_threads is not None:
+            _positive("cpu_threads", self.cpu_threads)
+        _positive("reduce_bucket", self.reduce_bucket)
+        if not self.clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
+        for name in ("gpu_margin", "host_margin"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * self.seq * self.grad_accum
+
+    @property
+    def cache_depth(self) -> int:
+        """GPU cache units: the count asked for, DEFAULT_CACHE_UNITS for an unresolved "auto"."""
+        return DEFAULT_CACHE_UNITS if self.cache_units == "auto" else int(self.cache_units)
+
+    @property
+    def kept_tapes(self) -> int:
+        """Decoder layers whose tape the forward keeps: the count asked for, 0 for "auto"."""
+        return 0 if self.keep_activations == "auto" else int(self.keep_activations)
+
+    @property
+    def moment_bytes(self) -> int:
+        """Bytes of both Adam moments per parameter."""
+        return 8 if self.moments_dtype == "fp32" else 4
+
+
+def parse_count_or_auto(name: str, text: str) -> int | str:
+    """`--resident` / `--streamed` on the command line: a count or `auto`."""
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a count >= 0 or 'auto', got {text!r}") from None
+
+
+def parse_cache_units(text: str) -> int | str:
+    """`--cache-units` on the command line: a count >= 2 or `auto`."""
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"cache_units must be a count >= 2 or 'auto', got {text!r}") from None
+
+
+def _cache_units(value: object) -> None:
+    if value == "auto":
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+        raise ValueError(
+            f"cache_units must be >= 2 (one computing, one prefetching) or 'auto', got {value!r}"
+        )
+
+
+def _count_or_auto(name: str, value: object) -> None:
+    ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+    if not ok:
+        raise ValueError(f"{name} must be a count >= 0 or 'auto', got {value!r}")
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")

@@ -1,0 +1,45 @@
+"""`slide calibrate`: the CPU-side probes measure real work; the whole run needs CUDA."""
+
+import pytest
+import torch
+
+from slide.calibration import gpu_probes as cal
+from slide.cli import main
+from slide_ir.specs.hardware import load_machine
+
+
+def test_cpu_probes_measure_positive_rates():
+    adam = cal.adam_rate(threads=1, elements=1 << 20)
+    cast = cal.cast_rate(threads=1, elements=1 << 20)
+    assert adam.value > 1e6 and "1 threads" in adam.note
+    assert cast.value > adam.value  # a copy is cheaper than an AdamW step
+
+
+def test_nvme_probe_writes_and_reads_a_real_file(tmp_path):
+    got = cal.nvme_rates(tmp_path, size_mb=32)
+    assert got["read"].value > 0 and got["write"].value > 0
+    assert list(tmp_path.iterdir()) == []  # the probe file is removed
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU-only machine")
+def test_calibrate_refuses_without_cuda(tmp_path, capsys):
+    assert main(["calibrate", "--out", str(tmp_path / "m.toml")]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_calibrated_profile_loads(tmp_path):
+    out = tmp_path / "m.toml"
+    assert main(["calibrate", "--nvme-dir", str(tmp_path / "disk"), "--out", str(out)]) == 0
+    machine = load_machine(str(out))
+    assert machine.gpu.bf16_matmul_tflops > 10 and machine.link.h2d_bytes_per_s > 1e9
+    assert all(
+        src.startswith("measured") or "datasheet" in src or src.startswith("http")
+        for src in dict(machine.sources).values()
+    )
+
+
+def test_host_update_unit_is_a_layer_capped_by_the_hosts_ram():
+    assert cal.host_update_unit(1000) == 1000
+    huge = cal.host_update_unit(10**13)  # no host holds four such units
+    assert huge * cal.ADAM_UNITS * cal.ADAM_BYTES_PER_ELEMENT <= cal.host_ram_bytes() // 8
