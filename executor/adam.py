@@ -215,7 +215,7 @@ def update_host_torch(
     scratch: HostScratch,
 ) -> None:
     """`update_host` with torch's fused AdamW over `CHUNK`-element chunks (the fallback, and the
-    baseline bench/host_adam.py times)."""
+    baseline bench/host/host_adam.py times)."""
     scratch.step.fill_(float(hp.step))
     coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks)
     for lo, hi, decay, part in _pieces(layout, parts, CHUNK):

@@ -1,5 +1,5 @@
 """The training Slide's executor reproduces, written as a plain PyTorch loop: no schedule, no
-lanes, no offloading. Read this first; the parity tests and `bench/gpu_parity.py` use it as the
+lanes, no offloading. Read this first; the parity tests and `bench/kernels/gpu_parity.py` use it as the
 oracle the executor is measured against.
 
 One optimizer step:

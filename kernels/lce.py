@@ -31,7 +31,7 @@ import triton.language as tl
 from kernels import reference
 from kernels._common import log, use_triton
 
-# Chunk policy (lce_chunk_size); the defaults are set from `python -m bench.kernels --sweep`.
+# Chunk policy (lce_chunk_size); the defaults are set from `python -m bench.kernels.speed --sweep`.
 LCE_CHUNK_BUDGET_BYTES = 2 << 30  # cap on one chunk's logits: C x V x itemsize
 LCE_CHUNK_EAGER_DIVISOR = 48  # and at most 1/48 of torch eager's peak (T x V x 12 bytes)
 LOGITS_FP32 = False  # True: fp32 chunk logits for bf16 inputs (twice the bytes per token)

@@ -21,7 +21,7 @@ MAX_N = 65536  # one row must fit in a tile
 INT32_OFFSETS_BELOW = 2**31  # the forward's offsets are int32 below this many elements, else int64
 TILE = 4096  # elements per program tile (BLOCK_M x BLOCK_N), at least one row
 ELEMS_PER_THREAD = 16  # num_warps = tile / (32 x this), 1 to 16
-# backward launch (set from `python -m bench.kernels --sweep`, rms_norm bwd rows)
+# backward launch (set from `python -m bench.kernels.speed --sweep`, rms_norm bwd rows)
 BWD_TILE = 8192  # elements per loop step: 2 rows of 4096
 BWD_ELEMS_PER_THREAD = 16  # num_warps = tile / (32 x this), 1 to 16 (so 16 warps here)
 BWD_PER_SM = 1  # programs per SM, each with its partial d(weight) row

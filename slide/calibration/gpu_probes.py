@@ -308,7 +308,7 @@ def adam_rate(
     in registered pinned memory (as `HostMemory` allocates them). `under_dma`: with both copy
     engines streaming (`_DmaLoad`), as during a sliding backward.
 
-    The thread matters most: on the H200 host (2026-11-30, `bench/host_update_conditions.py`)
+    The thread matters most: on the H200 host (2026-11-30, `bench/host/host_update_conditions.py`)
     six 3B layers in turn with pinned gradients ran 3.19e9 elem/s from the main thread and
     2.31e9 from a thread of its own; the old probe (one 64M-element buffer, main thread) read
     2.64e9. This probe's 1.99e9 on that day's calibration lease matched the executor's steps."""

@@ -273,7 +273,7 @@ class ModelSpec:
         saved, out-of-place RoPE (saves only cos/sin, a few KB, ignored), FlashAttention (saves
         q, k, v, out, fp32 logsumexp) and the fused SwiGLU (saves gate and up, not silu(gate)).
         On the H200 (2026-11-30) a recomputed layer held exactly these bytes (llama-3.2-3b,
-        llama-3.1-8b, qwen3-8b; `bench/layer_memory.py`, bench/RESULTS.md).
+        llama-3.1-8b, qwen3-8b; `bench/memory/layer_memory.py`, bench/RESULTS.md).
         """
         t, h, i = batch * seq, self.hidden_size, self.intermediate_size
         terms = {
@@ -311,7 +311,7 @@ class ModelSpec:
         - Attention backward: the MLP's tensors are freed; alive are d_resid, d_attn_out,
           dq/dk/dv and FlashAttention-2's fp32 dq accumulator plus its fp32 row scratch.
         For every catalog model the SwiGLU moment is the larger (intermediate >= 2.3 x hidden).
-        Measured on the H200 (2026-11-30, `bench/layer_memory.py`): 2.002 GiB for llama-3.2-3b at
+        Measured on the H200 (2026-11-30, `bench/memory/layer_memory.py`): 2.002 GiB for llama-3.2-3b at
         16 x 1024 tokens (this: 2.002), 3.158 for llama-3.1-8b (3.158), 3.005 for qwen3-8b.
         """
         t, h, i = batch * seq, self.hidden_size, self.intermediate_size

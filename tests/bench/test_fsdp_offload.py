@@ -7,7 +7,7 @@ import math
 import pytest
 import torch.distributed as dist
 
-from bench.fsdp_offload import SYSTEM, fsdp2_offload_point, main
+from bench.speed.fsdp_offload import SYSTEM, fsdp2_offload_point, main
 from slide_ir.specs.model import load_model
 
 

@@ -1,11 +1,17 @@
-"""bench/gpu_parity.py's parts on the CPU: the copy-task batches, the error measures and the
+"""bench/kernels/gpu_parity.py's parts on the CPU: the copy-task batches, the error measures and the
 plain PyTorch loop it compares the executor with."""
 
 from __future__ import annotations
 
 import torch
 
-from bench.gpu_parity import copy_task, plain_loop, random_model, weight_error, within_bf16_noise
+from bench.kernels.gpu_parity import (
+    copy_task,
+    plain_loop,
+    random_model,
+    weight_error,
+    within_bf16_noise,
+)
 
 TINY = {
     "model_type": "llama",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.gpu_parity import random_model
+from bench.kernels.gpu_parity import random_model
 from executor.layout import UnitLayout, unit_layouts
 from slide_ir.specs.model import ModelSpec
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hf_models import hf_model, spec_of, state_dict_fp32, tiny_config
 
-from bench.gpu_parity import plain_loop, weight_error, within_bf16_noise
+from bench.kernels.gpu_parity import plain_loop, weight_error, within_bf16_noise
 from executor.adam import AdamWConfig
 from executor.train import train
 from slide_ir import TrainConfig, load_machine
