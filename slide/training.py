@@ -12,15 +12,13 @@ previous one removed only after); what they record and how `--resume` checks it 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import math
 import os
 import shutil
 import signal
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -36,19 +34,17 @@ from executor.train import (
     InfeasiblePlanError,
     NonFiniteLossError,
     ReadState,
-    TrainResult,
     check_feasible,
     train,
 )
 from slide.checkpoints import RunDir
 from slide.data import CORPUS, TokenStream, batches, load_token_stream
 from slide.errors import StopRun, UserError
-from slide.fileio import write_atomic
 from slide.resume import Resumed, read_checkpoint, state_json
 from slide.saving import Checkpointer, StateWriter
 from slide.tokenizer import build_tiny_tokenizer
+from slide.train_report import Reporter, finish, phase_summary
 from slide.weights import initial_weights
-from slide_ir.ir.trace import to_chrome_trace, trace_metrics
 from slide_ir.planning.data_parallel import plan_data_parallel
 from slide_ir.planning.planner import Plan, plan, plan_from_json
 from slide_ir.specs.config import TrainConfig
@@ -98,24 +94,6 @@ class TrainRequest:
     # after the first steady steps, re-fit the profile to the measured lanes and move to the
     # placement the search then prefers (CUDA runs planned here, not from a saved plan)
     replan: bool = True
-
-
-# the phases a summary reports, in order; `to_first_step_s` sums the start-up ones
-STARTUP = (
-    "imports",
-    "model spec",
-    "machine",
-    "resume",
-    "plan",
-    "data",
-    "weights source",
-    "output directory",
-    "engine check",
-    "buffers",
-    "state",
-    "first step",
-)
-SHUTDOWN = ("steps", "save", "release", "report")
 
 
 def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any]:
@@ -263,7 +241,7 @@ def _run(
 ) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
     ckpt = _checkpointer(req, the_plan.model, optim, run_dir) if run_dir else None
-    reporter = _Reporter(req, total=req.config.steps, start=start, phases=phases)
+    reporter = Reporter(req, total=req.config.steps, start=start, phases=phases)
     stop = _CtrlC()
     result = None
 
@@ -325,20 +303,9 @@ def _run(
 
         refit_cache(torch.device(req.device or "cuda"), factors)
     with phases("report"):
-        summary = _finish(req, result, reporter, done, the_plan.machine, last,
+        summary = finish(req, result, reporter, done, the_plan.machine, last,
                           interrupted=stop.requested)  # fmt: skip
-    return {**summary, **_phase_summary(phases)}
-
-
-def _phase_summary(phases: Phases) -> dict[str, Any]:
-    """`startup`: seconds per phase from the command to the first step's end, and their sum;
-    `shutdown`: the same from the first step's end to here (the steps included, apart)."""
-    startup, shutdown = phases.table(STARTUP), phases.table(SHUTDOWN)
-    startup["to_first_step_s"] = round(sum(startup.values()) - startup.get("first step_s", 0), 3)
-    startup["to_first_step_end_s"] = round(sum(phases.seconds[n] for n in STARTUP
-                                               if n in phases.seconds), 3)  # fmt: skip
-    startup.update({f"{k}_s (background)": round(v, 3) for k, v in phases.overlapped.items()})
-    return {"startup": startup, "shutdown": shutdown}
+    return {**summary, **phase_summary(phases)}
 
 
 def _checkpointer(
@@ -403,7 +370,7 @@ class _CtrlC:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
 
-    def after_step(self, reporter: _Reporter, *step: Any) -> bool:
+    def after_step(self, reporter: Reporter, *step: Any) -> bool:
         """on_step: report the step; from now on a Ctrl-C stops after the step in flight."""
         reporter.on_step(*step)
         self._armed = True
@@ -466,119 +433,6 @@ def _tiny_tokenizer() -> Path:
     except OSError:  # another process's is in place
         shutil.rmtree(aside, ignore_errors=True)
     return TINY_TOKENIZER
-
-
-# -- checkpoints ---------------------------------------------------------------------------------
-# -- reporting -----------------------------------------------------------------------------------
-@dataclass
-class _LossStats:
-    """Running aggregates of the run's losses: the summary never grows with the step count."""
-
-    steps: int = 0
-    first: float | None = None
-    last: float | None = None
-    total: float = 0.0
-    lowest: float = math.inf
-
-    def add(self, loss: float) -> None:
-        self.steps += 1
-        self.first = loss if self.first is None else self.first
-        self.last, self.total, self.lowest = loss, self.total + loss, min(self.lowest, loss)
-
-    def summary(self) -> dict[str, Any]:
-        mean = self.total / self.steps if self.steps else None
-        lowest = self.lowest if self.steps else None
-        return {"loss_first": self.first, "loss_last": self.last, "loss_mean": mean,
-                "loss_min": lowest}  # fmt: skip
-
-
-@dataclass
-class _Reporter:
-    """Progress bar and metrics JSONL, one line per optimizer step. A resumed run continues
-    its metrics file from the checkpoint's step (lines a crash left beyond it are dropped)."""
-
-    req: TrainRequest
-    total: int
-    start: int
-    phases: Phases = field(default_factory=Phases)
-    losses: _LossStats = field(default_factory=_LossStats)
-
-    def __post_init__(self) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(
-            total=self.total, initial=self.start, unit="step", disable=not self.req.progress,
-            desc="train", dynamic_ncols=True,
-        )  # fmt: skip
-        self.metrics = None
-        if self.req.metrics:
-            if self.req.resume:
-                _keep_metrics_until(Path(self.req.metrics), self.start)
-            self.metrics = open(self.req.metrics, "a" if self.req.resume else "w", encoding="utf-8")  # noqa: SIM115
-
-    def on_step(self, step: int, loss: float, lr: float, metrics: dict[str, Any]) -> None:
-        if not self.losses.steps:  # the lanes started at the "lanes" mark
-            self.phases.add("first step", self.phases.since("lanes"))
-        self.phases.mark("first step end")
-        self.losses.add(loss)
-        self.bar.update(1)
-        self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
-        if self.metrics:
-            self.metrics.write(json.dumps({"step": step, "loss": loss, "lr": lr, **metrics}) + "\n")
-            self.metrics.flush()
-
-    def close(self) -> None:
-        self.bar.close()
-        if self.metrics:
-            self.metrics.close()
-
-
-def _keep_metrics_until(path: Path, step: int) -> None:
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line a kill cut short
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
-            kept.append(line + "\n")
-    write_atomic(path, "".join(kept))
-
-
-def _finish(
-    req: TrainRequest,
-    result: TrainResult,
-    reporter: _Reporter,
-    steps_done: int,
-    machine: Machine,
-    last: Path | None,
-    *,
-    interrupted: bool,
-) -> dict[str, Any]:
-    """Trace files and the summary of this invocation (aggregates, not per-step lists)."""
-    if req.trace:
-        write_atomic(req.trace, json.dumps(to_chrome_trace(result.trace)))
-    if req.save_trace:
-        write_atomic(req.save_trace, result.trace.to_json())
-    if req.gantt:
-        from slide.gantt import plot_gantt
-
-        plot_gantt(result.trace, req.gantt, zoom="auto")
-    m = trace_metrics(result.trace)
-    return {
-        "steps_done": steps_done,
-        "steps_run": reporter.losses.steps,
-        "interrupted": interrupted or result.interrupted,
-        "final_loss": reporter.losses.last,
-        **reporter.losses.summary(),
-        "machine": machine.name,
-        "tokens_per_s": m.tokens_per_s,
-        "eta": m.eta,
-        "checkpoint": str(last) if last else None,
-        **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),
-    }
 
 
 def demo_finetune(out: Path) -> str:

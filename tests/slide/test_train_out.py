@@ -131,10 +131,10 @@ def test_training_goes_on_while_a_checkpoint_is_written(tmp_path, tokens, capsys
     import time
 
     import slide.saving as saving
-    import slide.training as training
+    import slide.train_report as train_report
 
     writing, during = threading.Event(), []
-    real_write, real_step = saving.write_text, training._Reporter.on_step
+    real_write, real_step = saving.write_text, train_report.Reporter.on_step
 
     def slow_write(path, text):
         writing.set()
@@ -147,7 +147,7 @@ def test_training_goes_on_while_a_checkpoint_is_written(tmp_path, tokens, capsys
         real_step(self, *step)
 
     monkeypatch.setattr(saving, "write_text", slow_write)
-    monkeypatch.setattr(training._Reporter, "on_step", on_step)
+    monkeypatch.setattr(train_report.Reporter, "on_step", on_step)
     if not room:
         monkeypatch.setattr(saving, "available_memory_bytes", lambda: 0)
     out = tmp_path / "run"

@@ -1,0 +1,158 @@
+"""What `slide train` reports: the progress bar and the metrics file as steps end, and the
+summary, trace files and Gantt chart at the end (aggregates, never lists as long as the run)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from executor.phases import Phases
+from executor.train import TrainResult
+from slide.fileio import write_atomic
+from slide_ir.ir.trace import to_chrome_trace, trace_metrics
+from slide_ir.specs.hardware import Machine
+
+if TYPE_CHECKING:
+    from slide.training import TrainRequest
+
+# the phases a summary reports, in order; `to_first_step_s` sums the start-up ones
+STARTUP = (
+    "imports",
+    "model spec",
+    "machine",
+    "resume",
+    "plan",
+    "data",
+    "weights source",
+    "output directory",
+    "engine check",
+    "buffers",
+    "state",
+    "first step",
+)
+SHUTDOWN = ("steps", "save", "release", "report")
+
+
+@dataclass
+class LossStats:
+    """Running aggregates of the run's losses: the summary never grows with the step count."""
+
+    steps: int = 0
+    first: float | None = None
+    last: float | None = None
+    total: float = 0.0
+    lowest: float = math.inf
+
+    def add(self, loss: float) -> None:
+        self.steps += 1
+        self.first = loss if self.first is None else self.first
+        self.last, self.total, self.lowest = loss, self.total + loss, min(self.lowest, loss)
+
+    def summary(self) -> dict[str, Any]:
+        mean = self.total / self.steps if self.steps else None
+        lowest = self.lowest if self.steps else None
+        return {"loss_first": self.first, "loss_last": self.last, "loss_mean": mean,
+                "loss_min": lowest}  # fmt: skip
+
+
+@dataclass
+class Reporter:
+    """Progress bar and metrics JSONL, one line per optimizer step. A resumed run continues
+    its metrics file from the checkpoint's step (lines a crash left beyond it are dropped)."""
+
+    req: TrainRequest
+    total: int
+    start: int
+    phases: Phases = field(default_factory=Phases)
+    losses: LossStats = field(default_factory=LossStats)
+
+    def __post_init__(self) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=self.total, initial=self.start, unit="step", disable=not self.req.progress,
+            desc="train", dynamic_ncols=True,
+        )  # fmt: skip
+        self.metrics = None
+        if self.req.metrics:
+            if self.req.resume:
+                keep_metrics_until(Path(self.req.metrics), self.start)
+            self.metrics = open(self.req.metrics, "a" if self.req.resume else "w", encoding="utf-8")  # noqa: SIM115
+
+    def on_step(self, step: int, loss: float, lr: float, metrics: dict[str, Any]) -> None:
+        if not self.losses.steps:  # the lanes started at the "lanes" mark
+            self.phases.add("first step", self.phases.since("lanes"))
+        self.phases.mark("first step end")
+        self.losses.add(loss)
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
+        if self.metrics:
+            self.metrics.write(json.dumps({"step": step, "loss": loss, "lr": lr, **metrics}) + "\n")
+            self.metrics.flush()
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.metrics:
+            self.metrics.close()
+
+
+def keep_metrics_until(path: Path, step: int) -> None:
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line a kill cut short
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line + "\n")
+    write_atomic(path, "".join(kept))
+
+
+def finish(
+    req: TrainRequest,
+    result: TrainResult,
+    reporter: Reporter,
+    steps_done: int,
+    machine: Machine,
+    last: Path | None,
+    *,
+    interrupted: bool,
+) -> dict[str, Any]:
+    """Trace files and the summary of this invocation (aggregates, not per-step lists)."""
+    if req.trace:
+        write_atomic(req.trace, json.dumps(to_chrome_trace(result.trace)))
+    if req.save_trace:
+        write_atomic(req.save_trace, result.trace.to_json())
+    if req.gantt:
+        from slide.gantt import plot_gantt
+
+        plot_gantt(result.trace, req.gantt, zoom="auto")
+    m = trace_metrics(result.trace)
+    return {
+        "steps_done": steps_done,
+        "steps_run": reporter.losses.steps,
+        "interrupted": interrupted or result.interrupted,
+        "final_loss": reporter.losses.last,
+        **reporter.losses.summary(),
+        "machine": machine.name,
+        "tokens_per_s": m.tokens_per_s,
+        "eta": m.eta,
+        "checkpoint": str(last) if last else None,
+        **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),
+    }
+
+
+def phase_summary(phases: Phases) -> dict[str, Any]:
+    """`startup`: seconds per phase from the command to the first step's end, and their sum;
+    `shutdown`: the same from the first step's end to here (the steps included, apart)."""
+    startup, shutdown = phases.table(STARTUP), phases.table(SHUTDOWN)
+    startup["to_first_step_s"] = round(sum(startup.values()) - startup.get("first step_s", 0), 3)
+    startup["to_first_step_end_s"] = round(sum(phases.seconds[n] for n in STARTUP
+                                               if n in phases.seconds), 3)  # fmt: skip
+    startup.update({f"{k}_s (background)": round(v, 3) for k, v in phases.overlapped.items()})
+    return {"startup": startup, "shutdown": shutdown}
