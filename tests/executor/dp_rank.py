@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
-from hf_models import hf_model, spec_of, state_dict_fp32
+from hf_models import hf_model, spec_of, state_dict_fp32, tiny_config
 from runs import LR, MACHINE, model_config
 
 from executor.adam import AdamWConfig
@@ -22,9 +22,13 @@ from executor.train import TrainResult, train
 from slide_ir import TrainConfig, load_machine
 
 GLOBAL_BATCH, SEQ, STEPS = 6, 16, 4  # 6 rows: 2 or 3 ranks take 3 or 2 each
-CASES: dict[str, tuple[bool, dict]] = {
+# Qwen2 with its q/k/v biases and tied embeddings, 4 layers
+QWEN2_TIED = tiny_config("qwen2", num_hidden_layers=4, rope_scaling=None)
+# case -> (the model: tied runs' llama, untied, or the Qwen2 config; the TrainConfig's choices)
+CASES: dict[str, tuple[bool | dict, dict]] = {
     "sliding": (False, {}),
     "tied-sliding": (True, {}),
+    "qwen2-tied-resident": (QWEN2_TIED, {"resident": 1}),
     "tied-resident-clip-accum": (
         True,
         {"resident": 2, "clip": "per-unit", "clip_norm": 0.05, "grad_accum": 2},
@@ -57,11 +61,11 @@ def data(n: int, first: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def run_case(case: str, ranks, tmp: Path, steps: int = STEPS, **kwargs) -> TrainResult:  # type: ignore[no-untyped-def]
     """`case` on this process's ranks (None: one process, the reference)."""
-    tied, config = CASES[case]
+    config = CASES[case][1]
     config = {"placement": "small", **config}
     drives = int(config.pop("drives", 0))
     grad_accum = int(config.get("grad_accum", 1))
-    cfg = model_config(tied)
+    cfg = model_of(case)
     first = kwargs.pop("start_step", 0)
     kwargs.setdefault("initial_state", state_dict_fp32(hf_model(cfg)))
     return train(
@@ -77,6 +81,12 @@ def run_case(case: str, ranks, tmp: Path, steps: int = STEPS, **kwargs) -> Train
         start_step=first,
         **kwargs,
     )
+
+
+def model_of(case: str) -> dict:
+    """The HF config of `case`'s model."""
+    model = CASES[case][0]
+    return model if isinstance(model, dict) else model_config(model)
 
 
 def _resume(ranks, out: Path) -> TrainResult:  # type: ignore[no-untyped-def]

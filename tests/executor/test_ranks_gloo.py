@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dp_rank import CASES, GLOBAL_BATCH, SEQ, STEPS, run_case
+from dp_rank import CASES, GLOBAL_BATCH, SEQ, STEPS, model_of, run_case
 from hf_models import spec_of
-from runs import MACHINE, RTOL, build_run, max_rel_error, model_config
+from runs import LR, MACHINE, RTOL, build_run, max_rel_error, model_config
 
 from executor.layout import unit_layouts
 from executor.ranks import Ranks
@@ -29,7 +29,7 @@ from slide_ir.planning.planner import plan
 
 RANK_SCRIPT = Path(__file__).with_name("dp_rank.py")
 REPO = os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])
-THREE_RANK_CASES = ("sliding", "tied-sliding", "tied-resident-clip-accum", "tied-streamed")
+THREE_RANK_CASES = ("sliding", "qwen2-tied-resident", "tied-resident-clip-accum", "tied-streamed")
 
 
 @dataclass
@@ -83,7 +83,13 @@ def _assert_equal_to_one_process(record: dict, case: str, tmp: Path) -> None:
     assert record["steps"] == STEPS
     for step, (ours, want) in enumerate(zip(record["losses"], one.losses, strict=True), 1):
         assert abs(ours - want) <= RTOL * abs(want), f"step {step}: loss {ours} vs {want}"
-    err, name = max_rel_error(record["state"], one.final_state)
+    ours, want = dict(record["state"]), dict(one.final_state)
+    for name in [n for n in want if n.endswith("k_proj.bias")]:
+        # zero gradient in exact arithmetic (softmax ignores a shift every key's score shares),
+        # so each run moves it by rounding noise that Adam scales to steps of at most ~lr
+        moved = float((ours.pop(name) - want.pop(name)).abs().max())
+        assert moved <= 2 * LR * STEPS, f"{name}: {moved:.2e} apart"
+    err, name = max_rel_error(ours, want)
     assert err <= RTOL, f"{name}: relative error {err:.2e}"
 
 
@@ -101,10 +107,10 @@ def test_three_ranks_equal_one_process(three_ranks: Launch, case: str, tmp_path:
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_rank_trace_obeys_its_sharded_graph(two_ranks: Launch, rank: int) -> None:
     case = "tied-resident-clip-accum"
-    tied, config = CASES[case]
+    config = CASES[case][1]
     rank_config = TrainConfig(batch=GLOBAL_BATCH // 2, seq=SEQ, steps=STEPS, placement="small",
                               **config)  # fmt: skip
-    base = plan(spec_of(model_config(tied)), load_machine(MACHINE), rank_config)
+    base = plan(spec_of(model_of(case)), load_machine(MACHINE), rank_config)
     trace = Trace.from_json(two_ranks.record(case, rank)["trace"])
     assert {s.lane for s in trace.spans} >= {"gpu", "h2d", "d2h", "cpu", "net"}
     assert trace_violations(trace, shard_plan(base, 2, rank).graph) == []
