@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import signal
+from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING
 
 from slide.commands.common import (
@@ -133,7 +135,15 @@ def run(args: argparse.Namespace) -> int:
     request = _request(args)
     world = launch.torchrun_world()
     if world is None and args.nproc not in (None, 1):
-        check_training(request, args.nproc)  # nothing starts before the request is checked
+        # nothing starts before the request is checked; on CUDA the check may measure the GPU
+        # (--machine auto), so it runs in a process of its own whose CUDA context ends with it
+        # instead of holding rank 0's GPU memory for the whole run
+        if device_of(request).type == "cuda":
+            spawn = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(1, mp_context=spawn) as checker:
+                checker.submit(check_training, request, args.nproc).result()
+        else:
+            check_training(request, args.nproc)
         return launch.launch(args.argv, args.nproc, verbose=args.verbose)
     if world is not None and args.nproc not in (None, world):
         raise UserError(f"--nproc {args.nproc}, but torchrun started {world} ranks: "
