@@ -75,6 +75,10 @@ class Ranks:
         dist.all_reduce(t, group=self.groups[group])
         return t
 
+    def barrier(self) -> None:
+        """Wait until every rank's main thread is here."""
+        dist.barrier(group=self.groups["main"])
+
     def broadcast_int(self, value: int) -> int:
         """Rank 0's `value` on every rank (the main thread's group)."""
         t = torch.tensor([value], dtype=torch.int64)

@@ -106,6 +106,12 @@ def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any
     if ranks is not None and not ranks.is_main:
         req = replace(req, out=None, metrics=None, trace=None, save_trace=None, gantt=None,
                       progress=False)  # fmt: skip
+    if ranks is not None and req.machine == "auto" and device_of(req).type == "cuda":
+        # rank 0 measures the host alone (N ranks at once would each see a share of its
+        # memory and link), the others then read the profile it cached
+        if ranks.is_main:
+            resolve_machine(req, device_of(req))
+        ranks.barrier()
     ready = _prepare(req, phases, ranks.nproc if ranks else 1)
     req, resumed = ready.req, ready.resumed
     with phases("weights source"):
