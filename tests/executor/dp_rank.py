@@ -43,6 +43,7 @@ CASES: dict[str, tuple[bool | dict, dict]] = {
         False,
         {"activations": "nvme", "optimizer": "nvme-moments", "drives": 2},
     ),
+    "kept-tapes": (True, {"keep_activations": 2}),  # the top 2 layers' forwards keep tapes
     "fast": (False, {"placement": "fast"}),  # what the placement search picks
 }
 
