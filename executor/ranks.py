@@ -26,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from slide_ir.planning.data_parallel import shard_range, shard_size
+from slide_ir.planning.sharding import shard_range, shard_size
 
 TIMEOUT_S = 600.0  # a collective waiting longer fails the run (a peer is gone or stuck)
 _FAILED = "slide/failed"

@@ -139,16 +139,18 @@ def train(
         if ranks is not None:
             check_nproc(machine, config, ranks.nproc)
             rank_config = replace(config, batch=config.batch // ranks.nproc)
-        the_plan = plan(model_spec, machine, graph_config(rank_config))
+        nproc = ranks.nproc if ranks is not None else 1
+        the_plan = plan(model_spec, machine, graph_config(rank_config), nproc=nproc)
     p = graph_plan(the_plan, config.steps)
-    if ranks is not None:
-        _check_ranks_fit(p, ranks)
-        p = rank_plan(p, ranks)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    check_feasible(p, dev)
+    if ranks is None:
+        check_feasible(p, dev)
+    else:  # one rank's plan: its single-GPU ledger need not fit one GPU, its shard must
+        _check_ranks_fit(p, ranks, dev)
+        p = rank_plan(p, ranks)
     optim = optim or AdamWConfig()
     total = optim.total_steps or (start_step + config.steps)
     phases = phases or Phases()
@@ -288,16 +290,28 @@ def _telling(ranks: Ranks | None) -> Iterator[None]:
         raise
 
 
-def _check_ranks_fit(p: Plan, ranks: Ranks) -> None:
-    """Each rank's GPU and the host's RAM and NVMe hold N ranks' shares."""
-    over = shard_plan(p, ranks.nproc, ranks.rank).overflows()
+def _check_ranks_fit(p: Plan, ranks: Ranks, dev: torch.device) -> None:
+    """Each rank's GPU and the host's RAM and NVMe hold N ranks' shares (in CPU mode the
+    host holds every rank's "GPU" part too); the device holds this rank's."""
+    dp = shard_plan(p, ranks.nproc, ranks.rank)
+    over = dp.overflows()
+    if dev.type == "cpu":
+        need = dp.host_bytes("gpu") + dp.host_bytes("cpu")
+        over = [("cpu", need - dp.capacity_bytes("cpu"))] if need > dp.capacity_bytes("cpu") else []
     if over:
         tier, short = over[0]
         where = "each rank's GPU" if tier == "gpu" else f"the host's {tier}"
         raise InfeasiblePlanError(
             f"{ranks.nproc} ranks do not fit {p.machine.name}: {where} needs "
-            f"{short / 2**30:.2f} GiB more than its {p.ledger.capacity_bytes(tier) / 2**30:.2f} GiB"
+            f"{short / 2**30:.2f} GiB more than its {dp.capacity_bytes(tier) / 2**30:.2f} GiB"
         )
+    if dev.type == "cuda":
+        _, total = torch.cuda.mem_get_info(dev)
+        if dp.rank_bytes("gpu") > total:
+            raise InfeasiblePlanError(
+                f"rank {ranks.rank} needs {dp.rank_bytes('gpu') / 2**30:.2f} GiB of GPU memory; "
+                f"{torch.cuda.get_device_name(dev)} has {total / 2**30:.2f} GiB"
+            )
 
 
 def _ledger_note(p: Plan) -> str:

@@ -30,41 +30,20 @@ landing buffers' padding) grow with N. N = 1 returns the plan's graph unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from slide_ir.ir.graph import Graph, Op, OpKind, Pool, PoolRole, UnitPlacement, Value, Work
-from slide_ir.planning.ledger import REPORT_TIERS, unit_params
+from slide_ir.ir.graph import Graph, Op, OpKind
 from slide_ir.planning.planner import Plan, plan
+from slide_ir.planning.sharding import (
+    rank_overflows,
+    shard_graph,
+)
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec
 
 K = OpKind
-R = PoolRole
 DEFAULT_GPUS_PER_NODE = 8  # a node's usual count, where the machine profile states none
-# kinds whose work is a unit's parameters, each rank doing its shard's part of it
-_PER_ELEMENT = frozenset({K.H2D_PARAM, K.D2H_GRAD, K.ADAM, K.GPU_ADAM, K.OPT_H2D, K.OPT_D2H,
-                          K.W_D2H, K.CAST, K.GRAD_ACCUM})  # fmt: skip
-_STATE_IO = frozenset({K.NVME_READ, K.NVME_WRITE})  # per element when they move a unit's state
-# pools holding per-element state or its staging, split by element range
-_SHARDED = frozenset({R.GRAD_LANDING, R.HOST_WEIGHTS, R.GRAD_ACCUM, R.MASTER, R.MOMENTS,
-                      R.NVME_STATE, R.OPT_STAGING, R.STREAM_STATE})  # fmt: skip
-_HANDBACK = "host_handback"  # GPU-kept state handed back to host RAM: each rank its shard
-
-
-def shard_size(elements: int, nproc: int) -> int:
-    """Elements of the largest shard (and of every padded part): ceil(elements / nproc)."""
-    return -(-elements // nproc)
-
-
-def shard_range(elements: int, nproc: int, rank: int) -> tuple[int, int]:
-    """[start, end) of rank `rank`'s shard of a unit of `elements`; the ranks' ranges tile
-    [0, elements) in rank order (the last ones may be shorter, or empty, on tiny units)."""
-    if not 0 <= rank < nproc:
-        raise ValueError(f"rank must be within [0, {nproc}), got {rank}")
-    c = shard_size(elements, nproc)
-    return min(rank * c, elements), min((rank + 1) * c, elements)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,11 +83,8 @@ class DataParallelPlan:
         return self.base.ledger.capacity_bytes(tier)
 
     def overflows(self) -> list[tuple[str, int]]:
-        """(tier, bytes over): the GPU per rank, host RAM and NVMe per host."""
-        use = {"gpu": self.rank_bytes("gpu"), "cpu": self.host_bytes("cpu"),
-               "nvme": self.host_bytes("nvme")}  # fmt: skip
-        over = [(t, use[t] - self.capacity_bytes(t)) for t in REPORT_TIERS]
-        return [(t, b) for t, b in over if b > 0]
+        """(tier, bytes over): the GPU per rank, host RAM and NVMe per host (`rank_overflows`)."""
+        return rank_overflows(self.base.ledger, self.base.model, self.nproc)
 
     @property
     def feasible(self) -> bool:
@@ -167,23 +143,17 @@ def check_nproc(machine: Machine, config: TrainConfig, nproc: int) -> None:
 def plan_data_parallel(
     model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int, rank: int = 0
 ) -> DataParallelPlan:
-    """Rank `rank` of `nproc` on one node, `config.batch` being the global (micro-)batch: the
-    single-GPU plan at batch / nproc, sharded. The placement is chosen for one GPU at that
-    batch (conservative: it sees each rank's link and GPU update work whole)."""
+    """Rank `rank` of `nproc` on one node, `config.batch` being the global (micro-)batch: one
+    rank's plan at batch / nproc, sharded. Its placement is searched as the ranks will run it:
+    each candidate sized and timed sharded (`plan(..., nproc=)`)."""
     check_nproc(machine, config, nproc)
-    base = plan(model, machine, replace(config, batch=config.batch // nproc))
+    base = plan(model, machine, replace(config, batch=config.batch // nproc), nproc=nproc)
     return shard_plan(base, nproc, rank)
 
 
 def shard_plan(base: Plan, nproc: int, rank: int = 0) -> DataParallelPlan:
     """`base` (one rank's single-GPU plan) as rank `rank` of `nproc`."""
-    model = base.model
-    if nproc == 1:
-        graph = base.graph
-    else:
-        ops = _rewrite(base.graph.ops, model, base.graph.info.placement, nproc, rank)
-        pools = tuple(_shard_pool(p, model, nproc, rank) for p in base.graph.pools)
-        graph = Graph(info=base.graph.info, pools=pools, ops=tuple(ops))
+    graph = shard_graph(base.graph, base.model, nproc, rank)
     sized = {p.name: p.bytes for p in graph.pools}
     terms = tuple(
         RankTerm(
@@ -196,101 +166,3 @@ def shard_plan(base: Plan, nproc: int, rank: int = 0) -> DataParallelPlan:
         for t in base.ledger.terms
     )
     return DataParallelPlan(base=base, nproc=nproc, rank=rank, graph=graph, terms=terms)
-
-
-# -- the graph -----------------------------------------------------------------------------------
-def _rewrite(
-    ops: Iterable[Op], model: ModelSpec, placement: tuple[UnitPlacement, ...], nproc: int,
-    rank: int,
-) -> list[Op]:  # fmt: skip
-    out: list[Op] = []
-    then: dict[str, str] = {}  # op id -> the all-gather that completes what it wrote
-    writer: dict[tuple[str, str], str] = {}  # value -> its latest writer so far
-    collectives: set[str] = set()
-    for op in ops:
-        # whoever waited for an upload waits for its all-gather; whoever touches a value a
-        # collective wrote last waits for that collective (gpu lane order no longer covers it)
-        after = [writer[k] for v in op.reads + op.writes if (k := (v.name, v.slot)) in writer]
-        deps = [then.get(d, d) for d in op.deps] + [w for w in after if w in collectives]
-        op = replace(op, deps=tuple(dict.fromkeys(deps)))
-        q = unit_params(model, op.unit)
-        if op.kind in (K.D2H_GRAD, K.GPU_ADAM):
-            g = next(v for v in op.reads if v.name == f"L{op.unit}.g")
-            rs = _collective(op, K.REDUCE_SCATTER, "g.rs", g, writer[(g.name, g.slot)], q, nproc)
-            out.append(rs)
-            collectives.add(rs.id)
-            writer[(g.name, g.slot)] = rs.id
-            op = replace(op, deps=(*op.deps, rs.id))
-        out.append(_sharded(op, q, nproc, rank))
-        for v in op.writes:
-            writer[(v.name, v.slot)] = op.id
-        resident = op.kind == K.GPU_ADAM and placement[op.unit] == UnitPlacement.RESIDENT
-        if op.kind == K.H2D_PARAM or resident:
-            w = next(v for v in op.writes if v.name == f"L{op.unit}.w")
-            what = "w.ag.bwd" if op.id.endswith(".bwd") else "w.ag"
-            ag = _collective(op, K.ALL_GATHER, what, w, op.id, q, nproc)
-            out.append(ag)
-            collectives.add(ag.id)
-            then[op.id] = ag.id
-            writer[(w.name, w.slot)] = ag.id
-    return out
-
-
-def _collective(op: Op, kind: OpKind, what: str, value: Value, after: str, q: int,
-                nproc: int) -> Op:  # fmt: skip
-    """`kind` of `value` in place on `net`, after `after`; the message is N padded shards at
-    the bytes per element of the transfer `op` moves (or its gradient's: 2 B)."""
-    per_elem = op.work.bytes // q if op.kind in (K.H2D_PARAM, K.D2H_GRAD) else 2
-    prefix = op.id[: op.id.index(f"L{op.unit}.")]
-    return Op(
-        id=f"{prefix}L{op.unit}.{what}",
-        kind=kind,
-        lane="net",
-        step=op.step,
-        unit=op.unit,
-        micro=op.micro,
-        work=Work(bytes=nproc * shard_size(q, nproc) * per_elem),
-        deps=(after,),
-        reads=(value,),
-        writes=(value,),
-    )
-
-
-def _sharded(op: Op, q: int, nproc: int, rank: int) -> Op:
-    state_io = op.kind in _STATE_IO and any(v.name.startswith("L") for v in op.reads + op.writes)
-    if op.kind not in _PER_ELEMENT and not state_io:
-        return op
-    start, end = shard_range(q, nproc, rank)
-    w = op.work
-    return replace(op, work=Work(flops=w.flops, attn_flops=w.attn_flops,
-                                 bytes=_part(w.bytes, end - start, q),
-                                 elements=_part(w.elements, end - start, q)))  # fmt: skip
-
-
-def _part(amount: int, shard: int, q: int) -> int:
-    """`amount` for `shard` of `q` elements, rounded up."""
-    return -(-amount * shard // q)
-
-
-# -- the pools -----------------------------------------------------------------------------------
-def _shard_pool(pool: Pool, model: ModelSpec, nproc: int, rank: int) -> Pool:
-    q = max((unit_params(model, u) for u in pool.units), default=0)
-    if pool.role == R.RESIDENT and q:
-        return replace(pool, slot_bytes=_resident_slot(pool, q, nproc, rank))
-    if pool.role == R.UNIT and q:  # whole units, padded to N equal parts for the collectives
-        padded = max(nproc * shard_size(unit_params(model, u), nproc) for u in pool.units)
-        return replace(pool, slot_bytes=pool.slot_bytes * padded // q)
-    sharded = pool.role in _SHARDED or pool.name == _HANDBACK
-    if not sharded:
-        return pool
-    if not q:  # no unit to measure by: an even split
-        return replace(pool, slot_bytes=-(-pool.slot_bytes // nproc))
-    start, end = shard_range(q, nproc, rank)
-    return replace(pool, slot_bytes=_part(pool.slot_bytes, end - start, q))
-
-
-def _resident_slot(pool: Pool, q: int, nproc: int, rank: int) -> int:
-    """A resident slot keeps its BF16 weights and gradients whole (4 B/param, padded to N
-    equal parts for the collectives) and its FP32 master and moments for the rank's shard."""
-    start, end = shard_range(q, nproc, rank)
-    return 4 * nproc * shard_size(q, nproc) + _part(pool.slot_bytes - 4 * q, end - start, q)

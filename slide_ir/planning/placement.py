@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from slide_ir.ir.graph import Graph
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.ledger import Ledger, build_ledger, gpu_budget, resident_preference
+from slide_ir.planning.sharding import rank_bytes, rank_overflows, shard_graph
 from slide_ir.planning.streaming import choose_streamed
 from slide_ir.planning.timeline import predict_step_s
 from slide_ir.specs.config import TrainConfig
@@ -172,10 +173,11 @@ def _entry(model: ModelSpec, p: Placement, step_s: float | None) -> dict[str, ob
 
 
 def choose_placement(
-    model: ModelSpec, machine: Machine, config: TrainConfig, build: Build
+    model: ModelSpec, machine: Machine, config: TrainConfig, build: Build, *, nproc: int = 1
 ) -> PlacementChoice:
     """The placement of `config`: its pinned values, and the fastest predicted choice of the
-    rest (`placement="fast"`) or the smallest footprint (`"small"`)."""
+    rest (`placement="fast"`) or the smallest footprint (`"small"`). `nproc` > 1: for one rank
+    of data-parallel sliding, each candidate sized and timed sharded (see `_Search`)."""
     if config.schedule != "sliding":  # nothing slides: no units to place, no cache ring
         acts = "cpu" if config.activations == "auto" else config.activations
         chosen = Placement(activations=acts, cache_units=config.cache_depth, resident=0, streamed=0)
@@ -185,7 +187,7 @@ def choose_placement(
                 f"(got '{config.schedule}'); use 0 or 'auto'"
             )
         return PlacementChoice(chosen=chosen, how="schedule")
-    search = _Search(model, machine, config, build)
+    search = _Search(model, machine, config, build, nproc)
     if config.placement == "small" or not search.free:
         how = "small" if config.placement == "small" and search.free else "pinned"
         return PlacementChoice(chosen=search.smallest(), how=how)
@@ -256,12 +258,18 @@ def _check_counts(model: ModelSpec, config: TrainConfig) -> None:
 
 
 class _Search:
-    """The candidates of one configuration, each ledger and timing computed once."""
+    """The candidates of one configuration, each ledger and timing computed once. With `nproc`
+    data-parallel ranks a candidate is what rank 0 (the largest shard) holds and runs: its
+    pools sharded (resident units' FP32 state 1/N on each GPU; host state shared by the N
+    ranks of the host), its graph with the collectives, its host work at 1/N of the host."""
 
-    def __init__(self, model: ModelSpec, machine: Machine, config: TrainConfig, build: Build):
+    def __init__(
+        self, model: ModelSpec, machine: Machine, config: TrainConfig, build: Build, nproc: int = 1
+    ):
         self.model, self.machine, self.config, self.build = model, machine, config, build
+        self.nproc = nproc
         self.budget = gpu_budget(machine, config)
-        self.costs = CostModel(machine, cpu_threads=config.cpu_threads)
+        self.costs = CostModel(machine, cpu_threads=config.cpu_threads, nproc=nproc)
         self.timed: dict[Placement, Candidate] = {}
         self.ledgers: dict[Placement, Ledger] = {}
         plain = (config.optimizer, config.grad_accum) == ("cpu", 1)
@@ -404,20 +412,28 @@ class _Search:
         top = _last_true(lambda r: self.gpu_fits(replace(p, resident=r)), 0, most)
         if top is None:
             return []
-        return [r for r in range(top + 1) if self.ledger(replace(p, resident=r)).feasible]
-
-    def host_fits(self, p: Placement) -> bool:
-        """Every tier but the GPU fits (RAM, NVMe)."""
-        return all(tier == "gpu" for tier, _ in self.ledger(p).overflows())
+        return [r for r in range(top + 1) if self.feasible(replace(p, resident=r))]
 
     def gpu_fits(self, p: Placement) -> bool:
-        return self.ledger(p).peak_bytes("gpu") <= self.budget
+        return self.gpu_bytes(p) <= self.budget
+
+    def gpu_bytes(self, p: Placement) -> int:
+        """What `p` holds on (each rank's) GPU."""
+        if self.nproc == 1:
+            return self.ledger(p).peak_bytes("gpu")
+        return rank_bytes(self.ledger(p), self.model, self.nproc)["gpu"]
+
+    def feasible(self, p: Placement) -> bool:
+        """Every tier fits: a GPU per rank, the host's RAM and drives for all ranks."""
+        if self.nproc == 1:
+            return self.ledger(p).feasible
+        return not rank_overflows(self.ledger(p), self.model, self.nproc)
 
     def fits(self, p: Placement) -> bool:
         """Every tier fits; the GPU also under the budget, unless `p` is the smallest placement
         (at the default depth, or with two cache units when the depth is free): nothing chosen
         adds to the GPU, so it is judged like a pinned plan, as before this search."""
-        return self.ledger(p).feasible and (p in self.floors() or self.gpu_fits(p))
+        return self.feasible(p) and (p in self.floors() or self.gpu_fits(p))
 
     def floors(self) -> set[Placement]:
         small = self.smallest()
@@ -448,10 +464,10 @@ class _Search:
             ledger = self.ledger(p)
             step_s = math.inf
             if self.fits(p):
-                step_s = predict_step_s(self.build(self.config_of(p), ledger), self.costs)
-            self.timed[p] = Candidate(
-                placement=p, step_s=step_s, gpu_bytes=ledger.peak_bytes("gpu")
-            )
+                graph = self.build(self.config_of(p), ledger)
+                graph = shard_graph(graph, self.model, self.nproc, 0, check=False)
+                step_s = predict_step_s(graph, self.costs)
+            self.timed[p] = Candidate(placement=p, step_s=step_s, gpu_bytes=self.gpu_bytes(p))
         return self.timed[p]
 
 

@@ -46,12 +46,16 @@ class Plan:
         return self.ledger.feasible
 
 
-def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
+def plan(model: ModelSpec, machine: Machine, config: TrainConfig, *, nproc: int = 1) -> Plan:
     """The plan of `config`, with its "auto" choices made by `choose_placement`: the returned
-    `Plan.config` holds them (activations, cache depth, resident and streamed counts)."""
-    # the search's candidates are only timed: built unchecked (the plan's own graph is checked)
-    candidates = partial(build_graph, model, machine, check=False)
-    choice = choose_placement(model, machine, config, candidates)
+    `Plan.config` holds them (activations, cache depth, resident and streamed counts).
+    `nproc` > 1: one rank's plan of data-parallel sliding (`data_parallel.shard_plan` shards
+    it), its placement sized and timed as the ranks will run it; its own ledger is a single
+    GPU's and may not fit one (the sharded one must)."""
+    # the search's candidates are only timed: built unchecked (the plan's own graph is checked),
+    # with the values their ops read and write only where sharding rewrites by them
+    candidates = partial(build_graph, model, machine, check=False, values=nproc > 1)
+    choice = choose_placement(model, machine, config, candidates, nproc=nproc)
     config = choice.resolve(config)
     resident, streamed = choice.chosen.units(model) if config.schedule == "sliding" else ((), ())
     # the search's own ledger of its choice (a ledger does not depend on the steps planned)
@@ -63,10 +67,17 @@ def plan(model: ModelSpec, machine: Machine, config: TrainConfig) -> Plan:
 
 
 def build_graph(
-    model: ModelSpec, machine: Machine, config: TrainConfig, ledger: Ledger, *, check: bool = True
+    model: ModelSpec,
+    machine: Machine,
+    config: TrainConfig,
+    ledger: Ledger,
+    *,
+    check: bool = True,
+    values: bool | None = None,
 ) -> Graph:
     """The schedule of `config.schedule` over the ledger's pools and placement (`check=False`:
-    without the graph's construction checks)."""
+    without the graph's construction checks, and without the values ops read and write unless
+    `values`)."""
     ctx = Ctx(
         model=model,
         config=config,
@@ -75,7 +86,7 @@ def build_graph(
         resident=frozenset(ledger.resident) if config.schedule == "sliding" else frozenset(),
         streamed=frozenset(ledger.streamed),
         pace=state_pace(model, machine, config),
-        values=check,
+        values=check if values is None else values,
     )
     EMITTERS[config.schedule](ctx)
     info = GraphInfo(
