@@ -285,7 +285,7 @@ class _Repetition:
                 f"step {self.base + step}: loss is {loss}; stopping (this step's update "
                 "has already been applied: keep the previous checkpoint)"
             )
-        metrics = step_metrics(d.p, now - pr.last) | self._interval(now)
+        metrics = step_metrics(d.p, now - pr.last, env.ranks) | self._interval(now)
         pr.last = now
         stop = d.on_step is not None and bool(d.on_step(self.base + step, loss, lr, metrics))
         if env.ranks is not None:  # a rank that stops stops them all, at the same step
@@ -301,7 +301,7 @@ class _Repetition:
             return {}
         t, done, busy = pr.interval
         seconds = now - t
-        tokens = self.d.p.graph.info.tokens_per_step * (pr.done - done)
+        tokens = _tokens_per_step(self.d.p, self.d.run_.env.ranks) * (pr.done - done)
         lanes = {
             lane: round((total - busy.get(lane, 0.0)) / seconds, 4)
             for lane, total in sorted(pr.recorder.busy.items())
@@ -352,8 +352,14 @@ def micro_batches(
     ]
 
 
-def step_metrics(p: Plan, seconds: float) -> dict[str, Any]:
-    tokens = p.graph.info.tokens_per_step
+def _tokens_per_step(p: Plan, ranks: Ranks | None) -> int:
+    """The step's tokens over every rank (a rank's graph holds its own rows)."""
+    return p.graph.info.tokens_per_step * (ranks.nproc if ranks is not None else 1)
+
+
+def step_metrics(p: Plan, seconds: float, ranks: Ranks | None = None) -> dict[str, Any]:
+    """The step's figures; data parallel: tokens over all ranks, TFLOP/s per GPU."""
+    tokens = _tokens_per_step(p, ranks)
     return {
         "step_time_s": seconds,
         "tokens": tokens,

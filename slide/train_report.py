@@ -122,8 +122,10 @@ def finish(
     last: Path | None,
     *,
     interrupted: bool,
+    nproc: int = 1,
 ) -> dict[str, Any]:
-    """Trace files and the summary of this invocation (aggregates, not per-step lists)."""
+    """Trace files and the summary of this invocation (aggregates, not per-step lists). Data
+    parallel: the trace is rank 0's; tokens/s counts every rank's rows."""
     if req.trace:
         write_atomic(req.trace, json.dumps(to_chrome_trace(result.trace)))
     if req.save_trace:
@@ -140,7 +142,8 @@ def finish(
         "final_loss": reporter.losses.last,
         **reporter.losses.summary(),
         "machine": machine.name,
-        "tokens_per_s": m.tokens_per_s,
+        **({"nproc": nproc} if nproc > 1 else {}),
+        "tokens_per_s": m.tokens_per_s * nproc,
         "eta": m.eta,
         "checkpoint": str(last) if last else None,
         **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),

@@ -310,7 +310,7 @@ def _run(
         refit_cache(torch.device(req.device or "cuda"), factors)
     with phases("report"):
         summary = finish(req, result, reporter, done, the_plan.machine, last,
-                          interrupted=stop.requested)  # fmt: skip
+                         interrupted=stop.requested, nproc=ranks.nproc if ranks else 1)  # fmt: skip
     return {**summary, **phase_summary(phases)}
 
 

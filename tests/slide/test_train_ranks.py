@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 import slide.launch
 from slide.cli import main
 
-STEPS = 4
-COMMON = ["--device", "cpu", "--batch", "2", "--seq", "16", "--lr", "1e-3", "--lr-schedule",
+STEPS, BATCH, SEQ = 4, 2, 16
+COMMON = ["--device", "cpu", "--batch", str(BATCH), "--seq", str(SEQ), "--lr", "1e-3", "--lr-schedule",
           "constant", "--no-shuffle", "--no-progress"]  # fmt: skip
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 # a rank whose RANK is $FAIL_RANK gets 2 batches only: its data runs out at step 3
@@ -107,9 +107,11 @@ def test_two_ranks_give_the_single_process_checkpoint(runs):
 
     root, two = runs
     assert two.stderr == ""  # rank 1 prints nothing, rank 0 no progress bar (--no-progress)
-    assert json.loads(two.stdout)["steps_done"] == STEPS  # one summary: rank 0's
-    steps = [json.loads(line)["step"] for line in (root / "m.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, STEPS + 1))  # rank 0 alone writes the metrics
+    summary = json.loads(two.stdout)  # one summary: rank 0's
+    assert summary["steps_done"] == STEPS and summary["nproc"] == 2
+    rows = [json.loads(line) for line in (root / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # rank 0 alone writes them
+    assert {r["tokens"] for r in rows} == {BATCH * SEQ}  # the global batch's, not a rank's
     a = AutoModelForCausalLM.from_pretrained(root / "one", dtype=torch.float32).state_dict()
     b = AutoModelForCausalLM.from_pretrained(root / "two", dtype=torch.float32).state_dict()
     assert a.keys() == b.keys()
