@@ -134,12 +134,12 @@ def train(
     if ranks is not None and replan_request is not None:
         raise ValueError("re-planning is for one process: data-parallel ranks keep their plan")
     window = StepWindow(*trace_steps)
+    nproc = ranks.nproc if ranks is not None else 1
     if the_plan is None:
         rank_config = config
         if ranks is not None:
             check_nproc(machine, config, ranks.nproc)
             rank_config = replace(config, batch=config.batch // ranks.nproc)
-        nproc = ranks.nproc if ranks is not None else 1
         the_plan = plan(model_spec, machine, graph_config(rank_config), nproc=nproc)
     p = graph_plan(the_plan, config.steps)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -218,7 +218,7 @@ def train(
                 saver=Saver(save_every, on_save) if save_every and (on_save or ranks) else None,
                 window=window,
                 log_every=log_every,
-                cpu_threads=optimizer_threads(p.config) if run.env.cuda else None,
+                cpu_threads=optimizer_threads(p.config, nproc) if run.env.cuda else None,
                 replan=replan if replan_request is not None else None,
             )
             result = _result(driver, phases, on_finish, start_step, hand_back)
@@ -365,18 +365,20 @@ def _check_fits_host(p: Plan) -> None:
         )
 
 
-def optimizer_threads(config: TrainConfig) -> int:
+def optimizer_threads(config: TrainConfig, nproc: int = 1) -> int:
     """Intra-op threads for the CPU AdamW: `cpu_threads`, else `default_optimizer_threads`."""
-    return config.cpu_threads or default_optimizer_threads()
+    return config.cpu_threads or default_optimizer_threads(nproc)
 
 
-def default_optimizer_threads() -> int:
+def default_optimizer_threads(nproc: int = 1) -> int:
     """Every core but four: the gpu lane's thread issuing kernels, autograd's device thread,
     the copy lanes and the main thread need theirs. On the H200 host (16 vCPUs) 12 optimizer
-    threads ran a 3B step 7% faster than 14 (bench/RESULTS.md). In CPU mode the caller's torch
-    setting is left alone: there the compute shares the cores too."""
+    threads ran a 3B step 7% faster than 14 (bench/RESULTS.md). `nproc` data-parallel ranks on
+    one host share those cores (each updates 1/N of the elements, as the cost model prices it):
+    N x 12 threads on 16 cores would only fight. In CPU mode the caller's torch setting is left
+    alone: there the compute shares the cores too."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) - 4)
+    return max(1, ((cores or 1) - 4) // nproc)
 
 
 __all__ = [

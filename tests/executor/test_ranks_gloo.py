@@ -20,6 +20,7 @@ from runs import LR, MACHINE, RTOL, build_run, max_rel_error, model_config
 
 from executor.layout import unit_layouts
 from executor.ranks import Ranks
+from executor.train import default_optimizer_threads, optimizer_threads
 from slide_ir import TrainConfig, load_machine
 from slide_ir.ir.graph import PoolRole as R
 from slide_ir.ir.graph import Tier
@@ -179,3 +180,11 @@ def test_each_rank_allocates_its_ledger_share(nproc: int, case: str, tmp_path: P
     one = build_run(p, cfg, tmp_path, torch.bfloat16)
     assert state_bytes == sum(one.env.buffers.allocated[name] for name in state)
     one.close()
+
+
+def test_ranks_on_one_host_share_its_optimizer_threads(monkeypatch) -> None:
+    """16 cores: one process updates on 12 threads; N ranks 12 / N each (at least one), so the
+    host runs what one process would; a pinned --cpu-threads stays as given."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert [default_optimizer_threads(n) for n in (1, 2, 4, 8, 16)] == [12, 6, 3, 1, 1]
+    assert optimizer_threads(TrainConfig(batch=2, seq=8, steps=1, cpu_threads=5), 4) == 5
