@@ -149,6 +149,25 @@ class _Terms:
                         role=role, units=units, offsets=offsets)  # fmt: skip
             self.items.append(Term(pool=pool, label=label, formula=formula))
 
+    def add_group(
+        self,
+        name: str,
+        tier: Tier,
+        members: list[int],
+        params: int,
+        per_param: int,
+        label: str,
+        *,
+        role: R,
+        static: bool = True,
+    ) -> None:
+        """A slot per unit of a group of same-sized units (`_unit_groups`), each unit `params`
+        parameters at `per_param` bytes."""
+        k = len(members)
+        self.add(name, tier, k, params * per_param, label,
+                 f"{k} x {params:.4g} params x {per_param} B", static=static, role=role,
+                 units=tuple(members))  # fmt: skip
+
 
 def build_ledger(
     model: ModelSpec,
@@ -324,41 +343,14 @@ def _optimizer_terms(
     for group, members in _unit_groups(model, units):
         p, k = unit_params(model, members[0]), len(members)
         if config.optimizer != "nvme" or pinned:
-            terms.add(
-                f"{prefix}master_{group}",
-                tier,
-                k,
-                p * FP32,
-                "fp32 master weights" + note,
-                f"{k} x {p:.4g} params x 4 B",
-                static=True,
-                role=R.MASTER,
-                units=tuple(members),
-            )
+            terms.add_group(f"{prefix}master_{group}", tier, members, p, FP32,
+                            "fp32 master weights" + note, role=R.MASTER)  # fmt: skip
         if not on_nvme:
-            terms.add(
-                f"{prefix}moments_{group}",
-                tier,
-                k,
-                p * mb,
-                "Adam moments" + note,
-                f"{k} x {p:.4g} params x {mb} B",
-                static=True,
-                role=R.MOMENTS,
-                units=tuple(members),
-            )
+            terms.add_group(f"{prefix}moments_{group}", tier, members, p, mb,
+                            "Adam moments" + note, role=R.MOMENTS)  # fmt: skip
             continue
-        terms.add(
-            f"nvme_opt_{group}",
-            Tier.NVME,
-            k,
-            p * on_nvme,
-            "optimizer state (NVMe)",
-            f"{k} x {p:.4g} params x {on_nvme} B",
-            static=True,
-            role=R.NVME_STATE,
-            units=tuple(members),
-        )
+        terms.add_group(f"nvme_opt_{group}", Tier.NVME, members, p, on_nvme,
+                        "optimizer state (NVMe)", role=R.NVME_STATE)  # fmt: skip
         # Decoder layers rotate through 3 stripes per drive (one read ahead, one updating, one
         # being written); the embedding and the head are one unit each: one stripe per drive.
         depth = 3 if k > 1 else 1
@@ -425,18 +417,9 @@ def _sliding_terms(
                 units=tuple(members),
             )
     for group, members in _unit_groups(model, list(resident)):
-        q, k = unit_params(model, members[0]), len(members)
-        terms.add(
-            f"gpu_resident_{group}",
-            Tier.GPU,
-            k,
-            q * (2 * BF16 + FP32 + mb),
-            "resident layers (weights, grads, master, moments)",
-            f"{k} x {q:.4g} params x {2 * BF16 + FP32 + mb} B",
-            static=True,
-            role=R.RESIDENT,
-            units=tuple(members),
-        )
+        terms.add_group(f"gpu_resident_{group}", Tier.GPU, members, unit_params(model, members[0]),
+                        2 * BF16 + FP32 + mb, "resident layers (weights, grads, master, moments)",
+                        role=R.RESIDENT)  # fmt: skip
     _streamed_staging_terms(terms, model, config, streamed)
     _handback_terms(terms, config, sum(unit_params(model, u) for u in resident))
     host_layers = sum(1 for u in host_updated if 1 <= u <= n)
@@ -453,18 +436,9 @@ def _sliding_terms(
             units=tuple(u for u in host_updated if 1 <= u <= n),
         )
     for group, members in _unit_groups(model, sliding):
-        q, k = unit_params(model, members[0]), len(members)
-        terms.add(
-            f"pinned_bf16_{group}",
-            Tier.PINNED,
-            k,
-            q * BF16,
-            "bf16 weights (pinned)",
-            f"{k} x {q:.4g} params x 2 B",
-            static=True,
-            role=R.HOST_WEIGHTS,
-            units=tuple(members),
-        )
+        terms.add_group(f"pinned_bf16_{group}", Tier.PINNED, members,
+                        unit_params(model, members[0]), BF16, "bf16 weights (pinned)",
+                        role=R.HOST_WEIGHTS)  # fmt: skip
     _grad_accum_terms(terms, model, config, sliding)
     _optimizer_terms(terms, model, config, host_updated, drives)
     _optimizer_terms(terms, model, config, list(streamed), drives, pinned=True)
@@ -491,18 +465,8 @@ def _grad_accum_terms(
     if config.grad_accum == 1:
         return
     for group, members in _unit_groups(model, units):
-        q, k = unit_params(model, members[0]), len(members)
-        terms.add(
-            f"grad_accum_{group}",
-            Tier.CPU,
-            k,
-            q * FP32,
-            "fp32 gradient accumulators",
-            f"{k} x {q:.4g} params x 4 B",
-            static=True,
-            role=R.GRAD_ACCUM,
-            units=tuple(members),
-        )
+        terms.add_group(f"grad_accum_{group}", Tier.CPU, members, unit_params(model, members[0]),
+                        FP32, "fp32 gradient accumulators", role=R.GRAD_ACCUM)  # fmt: skip
 
 
 def landing_buffers(config: TrainConfig, host_layers: int, *, gpu_updated: bool) -> int:
@@ -526,18 +490,9 @@ def _streamed_staging_terms(
     when the link is free, so most of the step's states are on the GPU at once."""
     per = 2 * FP32 + config.moment_bytes
     for group, members in _unit_groups(model, list(streamed)):
-        q = unit_params(model, members[0])
-        k = len(members)
-        terms.add(
-            f"gpu_opt_{group}",
-            Tier.GPU,
-            k,
-            q * per,
-            "streamed optimizer state (fp32 master, moments, grad)",
-            f"{k} x {q:.4g} params x {per} B",
-            role=R.STREAM_STATE,
-            units=tuple(members),
-        )
+        terms.add_group(f"gpu_opt_{group}", Tier.GPU, members, unit_params(model, members[0]),
+                        per, "streamed optimizer state (fp32 master, moments, grad)",
+                        role=R.STREAM_STATE, static=False)  # fmt: skip
 
 
 def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, drives: int) -> None:
