@@ -135,6 +135,22 @@ def test_two_rank_resume_under_torchrun_equals_an_uninterrupted_run(runs, tokens
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
 
+def test_a_two_rank_checkpoint_resumes_in_one_process(runs, tokens, tmp_path):
+    """Checkpoints hold the whole state by name, not shards: another rank count resumes them
+    (here one process, which sums the same rows in one batch: equal within FP32 rounding)."""
+    root, _ = runs
+    step2 = root / "two" / "checkpoints" / "step-000002"
+    done = run_slide("--data", tokens, "--steps", str(STEPS), "--resume", str(step2), "--out",
+                     str(tmp_path / "one"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    final = "checkpoints/step-000004"
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        a, b = load_file(root / "two" / final / name), load_file(tmp_path / "one" / final / name)
+        assert a.keys() == b.keys(), name
+        for k in a:
+            assert (b[k] - a[k]).norm() <= 1e-5 * a[k].norm() + 1e-12, (name, k)
+
+
 @pytest.mark.parametrize("rank", [1, 0])
 def test_a_failing_rank_is_named_in_one_line(tmp_path, tokens, rank):
     (tmp_path / "sitecustomize.py").write_text(FAULT)
