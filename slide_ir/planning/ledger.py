@@ -421,7 +421,7 @@ def _sliding_terms(
                         2 * BF16 + FP32 + mb, "resident layers (weights, grads, master, moments)",
                         role=R.RESIDENT)  # fmt: skip
     _streamed_staging_terms(terms, model, config, streamed)
-    _handback_terms(terms, config, sum(unit_params(model, u) for u in resident))
+    _handback_terms(terms, config, max((unit_params(model, u) for u in resident), default=0))
     host_layers = sum(1 for u in host_updated if 1 <= u <= n)
     if host_layers:
         g = landing_buffers(config, host_layers, gpu_updated=bool(streamed or resident))
@@ -578,24 +578,26 @@ def _gpu_only_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> Non
         role=R.RESIDENT,
         units=resident_preference(model),
     )
-    _handback_terms(terms, config, n_all)
+    _handback_terms(terms, config, max(unit_params(model, u) for u in resident_preference(model)))
     _host_terms(terms)
 
 
-def _handback_terms(terms: _Terms, config: TrainConfig, params_on_gpu: int) -> None:
-    """A finished run hands its FP32 master weights and moments back to the caller (to save a
-    checkpoint): state that lives on the GPU is copied to host RAM then, while the run's own
-    buffers still exist (measured on the H200: RSS 93.0 GiB after an 8B run kept entirely on
-    the GPU, whose training needed 4 GiB of host RAM)."""
-    if params_on_gpu:
+def _handback_terms(terms: _Terms, config: TrainConfig, largest_on_gpu: int) -> None:
+    """The final save reads the state a unit at a time while the run's buffers still exist
+    (`slide train`: `train(on_finish=..., hand_back=False)`): a GPU-kept unit's FP32 master and
+    moments pass through host RAM one unit at a time, the largest (an embedding) at most. The
+    whole state gathered into RAM, as `train(hand_back=True)` does for an API caller, is not
+    planned: it took RSS to 93.0 GiB after an 8B run kept entirely on the H200, whose training
+    needed 4 GiB of host RAM, and it is what kept qwen2.5-14b off that 125 GiB host."""
+    if largest_on_gpu:
         per = FP32 + config.moment_bytes
         terms.add(
             "host_handback",
             Tier.CPU,
             1,
-            params_on_gpu * per,
-            "final state handed back (fp32 master + moments of GPU-kept units)",
-            f"{params_on_gpu:.4g} params x {per} B",
+            largest_on_gpu * per,
+            "final save, a GPU-kept unit at a time (fp32 master + moments)",
+            f"{largest_on_gpu:.4g} params (the largest GPU-kept unit) x {per} B",
             static=True,
             role=R.ACCOUNTING,
         )
