@@ -1,8 +1,9 @@
 """Data-parallel sliding on one node: rank r's schedule, derived from the single-GPU plan.
 
 N ranks each slide their own window over the same layers on their own slice of the global
-batch (batch / N). The single-GPU planner plans one rank at that batch (`plan_data_parallel`);
-`shard_plan` then rewrites its graph into rank r's:
+batch (batch / N). The planner plans one rank at that batch, its placement searched as the
+ranks run it (`plan_data_parallel`, `plan(..., nproc=N)`); `shard_plan` then rewrites its graph
+into rank r's (`sharding.shard_graph`):
 
 - every unit's FP32 master and moments (and what holds them on their way: landing buffers,
   pinned BF16 copies, accumulators, NVMe stripes, streamed state slots) are split by element
