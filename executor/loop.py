@@ -104,12 +104,6 @@ Replan = Callable[[Plan, dict[str, float], set[int]], "tuple[Plan, setup_mod.Run
 REPLAN_AFTER = 6  # steps of the first repetition when re-planning: warm-up + 5 steady steps
 
 
-def _tell(ranks: Ranks, exc: BaseException) -> None:
-    """Publish this rank's own failure (not one another rank caused)."""
-    if ranks.failure_of(exc) is None:
-        ranks.fail(f"{type(exc).__name__}: {exc}")
-
-
 @dataclass(kw_only=True)
 class Progress:
     """What the run keeps across repetitions: bounded (see `LOSS_HISTORY`, `recording`)."""
@@ -195,7 +189,7 @@ class Driver:
                         lanes = Lanes(env, graph.lanes(), self.cpu_threads)
         except BaseException as exc:
             if env.ranks is not None:  # tell the other ranks first: they may be waiting on us
-                _tell(env.ranks, shared.error[0] if shared is not None and shared.error else exc)
+                env.ranks.settle(shared.error[0] if shared is not None and shared.error else exc)
             lanes.stop(shared, abort=True)  # a lane's error, if any, wins
             raise
         lanes.stop(shared, abort=pr.stop)

@@ -101,6 +101,14 @@ class Ranks:
         with contextlib.suppress(Exception):  # the store's host may be gone already
             self.store.compare_set(_FAILED, "", f"rank {self.rank}: {message}")
 
+    def settle(self, exc: BaseException) -> RankFailure | None:
+        """What stopped this rank when `exc` did: another rank's failure (returned), or this
+        rank's own (published for the others, None returned)."""
+        failure = self.failure_of(exc)
+        if failure is None:
+            self.fail(f"{type(exc).__name__}: {exc}")
+        return failure
+
     def failure_of(self, exc: BaseException) -> RankFailure | None:
         """What stopped this rank when `exc` did, if another rank did: the failure it
         published, or (a collective broke and nothing was published) a rank that died

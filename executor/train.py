@@ -281,12 +281,9 @@ def _telling(ranks: Ranks | None) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        if ranks is None:
-            raise
-        failure = ranks.failure_of(exc)
+        failure = ranks.settle(exc) if ranks is not None else None
         if failure is not None:
             raise failure from exc
-        ranks.fail(f"{type(exc).__name__}: {exc}")
         raise
 
 

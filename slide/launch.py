@@ -175,10 +175,9 @@ def rank_errors(ranks: Ranks) -> Iterator[None]:
     except (UserError, ValueError, FileNotFoundError, InfeasiblePlanError) as exc:
         _fail(ranks, f"error: {exc}", 2)
     except Exception as exc:
-        failure = ranks.failure_of(exc)
+        failure = ranks.settle(exc)  # this rank's own error is published by it
         if failure is not None:
             _fail(ranks, f"error: {failure}", 1, cause="peer")
-        ranks.fail(f"{type(exc).__name__}: {exc}")
         _error_file(f"rank {ranks.rank}: {type(exc).__name__}: {exc}", 1, cause="crash")
         raise
 
