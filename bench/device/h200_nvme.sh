@@ -29,7 +29,7 @@ machine="$OUT/cal.toml"
 
 # --resident 0 --streamed 0: on the H200 the placement search keeps all of a 3B model on the GPU
 # and the NVMe files would stay empty; every unit sliding puts its 38.6 GB of state on the disk
-flags=(--model llama-3.2-3b --machine "$machine" --batch 16 --seq 1024 --steps 3 --optimizer nvme
+flags=(--model llama-3.2-3b --machine "$machine" --batch 16 --seq 1024 --steps "${STEPS:-3}" --optimizer nvme
        --resident 0 --streamed 0 --nvme-dir /tmp/nvme)
 python3 -m slide.cli plan "${flags[@]}" > "$OUT/plan.txt" 2>&1
 head -30 "$OUT/plan.txt"
