@@ -164,8 +164,13 @@ class Driver:
                 n = min(self.p.graph.info.steps, self.steps - pr.done)
                 if self.replan is not None and pr.done == 0:
                     n = min(n, REPLAN_AFTER)
-                if n < self.p.graph.info.steps:  # the last repetition of a run: fewer steps
-                    graph = graph_plan(self.p, n, env.ranks).graph
+                # a short pass (the re-plan's first, a run's last) or the whole graph after one
+                if graph.info.steps != n:
+                    graph = (
+                        self.p.graph
+                        if n == self.p.graph.info.steps
+                        else graph_plan(self.p, n, env.ranks).graph
+                    )
                 if shared is None or shared.graph is not graph:
                     shared = make_shared(env, graph, pr.recorder)
                 else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from runs import STEPS, B, S, assert_bitwise_equal, assert_matches_reference, run_executor
 
+from executor import loop
 from slide_ir import TrainConfig, load_machine
 from slide_ir.planning import refit
 
@@ -50,3 +51,16 @@ def test_a_refit_machine_divides_each_lanes_rates():
     assert fitted.link.d2h_bytes_per_s == m.link.d2h_bytes_per_s
     assert fitted.gpu == m.gpu
     assert "re-fit" in fitted.source("cpu.adam_elems_per_s_per_core")
+
+
+def test_a_kept_plan_runs_on_past_its_short_first_pass(monkeypatch):
+    """No move after the 6-step first pass: the next passes repeat the whole graph again (a run
+    longer than its graph once failed at step 7 by repeating the short pass's graph)."""
+    monkeypatch.setattr(loop, "GRAPH_STEPS", 8)
+    monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {})
+    steps = loop.REPLAN_AFTER + 2 * loop.GRAPH_STEPS + 1  # the short pass, two whole, one short
+    checked = run_executor(
+        False, steps=steps, placement="fast", train_kwargs={"replan_request": REQUEST}
+    )
+    assert not checked.meta["replan"]["replanned"]
+    assert_bitwise_equal(checked, run_executor(False, steps=steps, placement="fast"))
