@@ -48,7 +48,7 @@ from slide.weights import initial_weights
 from slide_ir.planning.data_parallel import plan_data_parallel
 from slide_ir.planning.planner import Plan, plan, plan_from_json
 from slide_ir.specs.config import TrainConfig
-from slide_ir.specs.hardware import Machine, load_machine, with_drives
+from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec, load_model
 
 log = logging.getLogger(__name__)
@@ -412,12 +412,9 @@ def _saved_plan(path: str | None) -> Plan | None:
 def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
     """`auto`: this host, measured once and cached (`slide.calibration.auto_machine`); else a catalog name
     or a .toml profile. `--ram-gb` and `--nvme` override either."""
-    if req.machine != "auto":
-        return load_machine(req.machine, ram_gb=req.ram_gb, nvme=req.nvme)
-    from slide.calibration.auto_machine import auto_machine
+    from slide.calibration.auto_machine import resolve
 
-    machine = auto_machine(device, ram_gb=req.ram_gb)
-    return machine if req.nvme is None else with_drives(machine, req.nvme, None)
+    return resolve(req.machine, device, ram_gb=req.ram_gb, nvme=req.nvme)
 
 
 def _token_stream(req: TrainRequest, spec: ModelSpec) -> TokenStream:

@@ -16,9 +16,9 @@ kept_run() {  # MODEL KEEP STEPS TIMEOUT
     --metrics "$OUT/$name.jsonl" > "$OUT/$name.json" 2> "$OUT/$name.err"
   echo "rc=$?" >> "$OUT/$name.err"
   kill "$smi" 2>/dev/null
-  timeout 30 python3 -m slide.cli simulate --model "$model" --batch 16 --seq 1024 \
+  timeout 30 python3 -m slide.cli simulate --machine auto --model "$model" --batch 16 --seq 1024 \
     --keep-activations "$keep" > "$OUT/$name-sim.txt" 2>&1
-  timeout 30 python3 -m slide.cli plan --model "$model" --batch 16 --seq 1024 \
+  timeout 30 python3 -m slide.cli plan --machine auto --model "$model" --batch 16 --seq 1024 \
     --keep-activations "$keep" > "$OUT/$name-plan.txt" 2>&1
   python3 - "$OUT" "$name" <<'PY'
 import json, sys

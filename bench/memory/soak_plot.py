@@ -41,8 +41,10 @@ def main() -> None:
 
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.2 * len(series)), sharex=True)
-    for ax, (key, y) in zip(axes, series.items(), strict=True):
+    fig, axes = plt.subplots(
+        len(series), 1, figsize=(7, 2.2 * len(series)), sharex=True, squeeze=False
+    )
+    for ax, (key, y) in zip(axes[:, 0], series.items(), strict=True):
         xx = x if key == "step_time_s" else xs
         scale, unit = (1.0, "s") if key == "step_time_s" else (2**30, "GiB")
         ax.plot(xx, y / scale, ".", ms=3)
@@ -50,7 +52,7 @@ def main() -> None:
         ax.set_ylabel(f"{key.removesuffix('_bytes').removesuffix('_s')} ({unit})")
         ax.set_title(f"slope {s['per_step'] / scale:+.2e} {unit}/step (±{s['ci95'] / scale:.1e})",
                      fontsize=8)  # fmt: skip
-    axes[-1].set_xlabel("step")
+    axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
 

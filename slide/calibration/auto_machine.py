@@ -33,7 +33,13 @@ from slide.calibration.host_probes import GIB, Host
 from slide.errors import UserError
 from slide.fileio import write_atomic
 from slide_ir.planning.refit import refit_machine
-from slide_ir.specs.hardware import Machine, load_machine, load_machine_toml, machine_to_toml
+from slide_ir.specs.hardware import (
+    Machine,
+    load_machine,
+    load_machine_toml,
+    machine_to_toml,
+    with_drives,
+)
 from slide_ir.specs.hardware_parts import freeze_sources
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,17 @@ def auto_machine(device: Any, *, ram_gb: float | None = None) -> Machine:
         machine = cached(host) or measure(host)
         machine = replace(machine, name=f"auto ({host.gpu})")
     return machine if ram_gb is None else with_ram(machine, ram_gb)
+
+
+def resolve(
+    name: str, device: Any, *, ram_gb: float | None = None, nvme: int | None = None
+) -> Machine:
+    """`auto`: this host on `device` (`auto_machine`); else a catalog name or a .toml profile.
+    `ram_gb` and `nvme` (a drive count) override either."""
+    if name != "auto":
+        return load_machine(name, ram_gb=ram_gb, nvme=nvme)
+    machine = auto_machine(device, ram_gb=ram_gb)
+    return machine if nvme is None else with_drives(machine, nvme, None)
 
 
 def _cpu_mode() -> Machine:

@@ -34,7 +34,8 @@ def add_model_machine(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--machine",
         default=DEFAULT_MACHINE,
-        help=f"catalog name (slide machines) or a .toml profile [{DEFAULT_MACHINE}]",
+        help="catalog name (slide machines), a .toml profile, or auto (this host's GPU, "
+        f"measured once and cached, as slide train plans) [{DEFAULT_MACHINE}]",
     )
     add_machine_overrides(parser)
 
@@ -107,10 +108,10 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
     )
     parser.add_argument(
         "--keep-activations",
-        default="0",
+        default="auto",
         help="top decoder layers whose forward keeps its autograd tape on the GPU for the "
         "backward instead of recomputing it: a count or 'auto' (chosen by --placement; "
-        "--placement small keeps none; not yet run on a GPU, so not the default) [0]",
+        "--placement small keeps none) [auto]",
     )
     parser.add_argument("--cpu-threads", type=int, help="optimizer threads [all cores]")
     parser.add_argument("--clip", choices=CLIP_MODES, default="none",
@@ -126,8 +127,26 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
 
 
 def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Machine]:
-    machine = load_machine(args.machine, ram_gb=args.ram_gb, nvme=drive_count(args))
+    if args.machine != "auto":
+        machine = load_machine(args.machine, ram_gb=args.ram_gb, nvme=drive_count(args))
+    else:
+        machine = this_host(args)
     return load_model(args.model), machine
+
+
+def this_host(args: argparse.Namespace) -> Machine:
+    """`--machine auto` for planning: the profile `slide train` plans with on this host's GPU
+    (measured once and cached, so a plan and the training after it see the same figures)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(
+            "--machine auto is this host's measured GPU profile, and this host has no CUDA GPU: "
+            "name a catalog machine (slide machines) or a .toml profile (slide calibrate --out)"
+        )
+    from slide.calibration.auto_machine import resolve
+
+    return resolve("auto", torch.device("cuda"), ram_gb=args.ram_gb, nvme=drive_count(args))
 
 
 def drive_count(args: argparse.Namespace) -> int | None:

@@ -96,9 +96,8 @@ class TrainConfig:
     streamed: int | str = "auto"
     # decoder layers whose forward keeps its autograd tape on the GPU for the backward (no
     # recompute, no saved input): the top ones, last forwarded and first backwarded. A count, or
-    # "auto" (chosen by the placement search; 0 where nothing is searched). 0 by default until
-    # a GPU has run it: the search fills the GPU to its margin with tapes torch allocates
-    keep_activations: int | str = 0
+    # "auto" (chosen by the placement search; 0 where nothing is searched)
+    keep_activations: int | str = "auto"
     lce_chunk_tokens: int | None = None  # None: chosen from `lce_budget_bytes`
     lce_budget_bytes: int = 1 << 29  # a chunk's bf16 logits: 2048 tokens at vocab 128256
     cpu_threads: int | None = None  # optimizer threads; None: every core

@@ -185,3 +185,19 @@ def test_a_runs_refit_rates_are_written_back_to_the_cache(probes):
     assert again.gpu == first.gpu and again.link == first.link
     assert probes.calls == 3  # measured once
     assert "re-fit" in again.source("cpu.adam_elems_per_s_per_core")
+
+
+def test_plan_and_simulate_take_auto_as_train_does(probes, monkeypatch, capsys):
+    """`slide plan --machine auto` plans on the profile `slide train` measured and cached on this
+    host (no second measurement); on a host without CUDA it is refused with what to name."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    resolve_machine(_request(), CUDA)
+    measured = probes.calls
+    for command in ("plan", "simulate"):
+        assert main([command, "--model", "llama-3.2-3b", "--machine", "auto", "--batch", "4"]) == 0
+        assert f"on auto ({HOST.gpu})" in capsys.readouterr().out
+    assert probes.calls == measured
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["plan", "--model", "llama-3.2-3b", "--machine", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "--machine auto" in err and "no CUDA GPU" in err and "slide machines" in err
