@@ -7,6 +7,7 @@ from __future__ import annotations
 from runs import STEPS, B, S, assert_bitwise_equal, assert_matches_reference, run_executor
 
 from executor import loop
+from executor import train as train_mod
 from slide_ir import TrainConfig, load_machine
 from slide_ir.planning import refit
 
@@ -17,6 +18,7 @@ def test_a_slow_cpu_lane_moves_units_to_the_gpu(monkeypatch):
     """The cpu lane measured 8x slower than the profile: the search on the re-fit profile keeps
     more units resident; the run moves there after step 6 and still trains as the reference."""
     monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {"cpu": 8.0})
+    monkeypatch.setattr(train_mod, "MOVE_COST_PER_SETUP", 0.0)  # a move here costs nothing
     result = run_executor(False, placement="fast", train_kwargs={"replan_request": REQUEST})
     replan = result.meta["replan"]
     assert replan["replanned"], replan
@@ -26,6 +28,18 @@ def test_a_slow_cpu_lane_moves_units_to_the_gpu(monkeypatch):
     # the trace's steps (1-4) ran before the move: its info is the first plan's
     assert result.trace.info == planned_from_start.trace.info
     assert_matches_reference(result, tied=False, config={})
+
+
+def test_a_move_the_steps_left_cannot_pay_for_is_not_made(monkeypatch):
+    """The same faster placement, but the move costs more than the 4 steps left would save
+    (the tiny model's steps are predicted in microseconds): the run stays, bitwise as one never
+    checked, and says why."""
+    monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {"cpu": 8.0})
+    checked = run_executor(False, placement="fast", train_kwargs={"replan_request": REQUEST})
+    replan = checked.meta["replan"]
+    assert not replan["replanned"], replan
+    assert "faster on the measured rates, but the 4 steps left would save" in replan["reason"]
+    assert_bitwise_equal(checked, run_executor(False, placement="fast"))
 
 
 def test_rates_as_predicted_keep_the_plan(monkeypatch):
