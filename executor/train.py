@@ -26,6 +26,7 @@ from executor import knobs as knobs_mod
 from executor import setup as setup_mod
 from executor.adam import AdamWConfig
 from executor.loop import (
+    REPLAN_AFTER,
     DataError,
     Driver,
     NonFiniteLossError,
@@ -38,7 +39,7 @@ from executor.loop import (
 )
 from executor.phases import Phases
 from executor.ranks import Ranks
-from executor.recording import DEFAULT_TRACE_STEPS, StepWindow
+from executor.recording import StepWindow, default_trace_steps
 from executor.state import ReadState, read_on_main
 from slide_ir.ir.trace import MemorySample, Trace
 from slide_ir.planning import refit
@@ -84,7 +85,7 @@ def train(
     the_plan: Plan | None = None,
     save_every: int = 0,
     on_save: OnSave | None = None,
-    trace_steps: tuple[int, int] = DEFAULT_TRACE_STEPS,
+    trace_steps: tuple[int, int] | None = None,
     log_every: int = 10,
     phases: Phases | None = None,
     on_finish: OnSave | None = None,
@@ -105,7 +106,8 @@ def train(
 
     The run repeats a graph of at most `GRAPH_STEPS` steps (`the_plan`, if given, is that
     graph's plan: its steps may be fewer than `config.steps`). The trace keeps the spans and
-    memory samples of steps `trace_steps` (A, B: 1-based, inclusive, counted in this call);
+    memory samples of steps `trace_steps` (A, B: 1-based, inclusive, counted in this call;
+    None: `recording.default_trace_steps`, after the re-plan check when there is one);
     every `log_every` steps on_step's metrics add tokens/s and lane busy shares over them.
     `phases` times set-up and hand-back (`executor.phases`); the lanes start at its "lanes" mark.
 
@@ -134,7 +136,8 @@ def train(
         raise ValueError(f"log_every must be >= 1, got {log_every}")
     if ranks is not None and replan_request is not None:
         raise ValueError("re-planning is for one process: data-parallel ranks keep their plan")
-    window = StepWindow(*trace_steps)
+    checked_after = REPLAN_AFTER if replan_request is not None else None
+    window = StepWindow(*(trace_steps or default_trace_steps(config.steps, checked_after)))
     nproc = ranks.nproc if ranks is not None else 1
     if the_plan is None:
         rank_config = config

@@ -29,7 +29,6 @@ from executor.adam import AdamWConfig
 from executor.loop import graph_config, graph_plan
 from executor.phases import Phases, since_process_start
 from executor.ranks import Ranks
-from executor.recording import DEFAULT_TRACE_STEPS
 from executor.train import (
     InfeasiblePlanError,
     NonFiniteLossError,
@@ -84,9 +83,8 @@ class TrainRequest:
     metrics: str | None = None
     plan_file: str | None = None  # a saved plan: its model, machine and config win
     trace: str | None = None
-    trace_steps: tuple[int, int] = (
-        DEFAULT_TRACE_STEPS  # the steps --trace/--gantt/--save-trace show
-    )
+    # the steps --trace/--gantt/--save-trace show; None: `executor.recording.default_trace_steps`
+    trace_steps: tuple[int, int] | None = None
     log_every: int = 10  # metrics add tokens/s and lane busy shares over every N steps
     gantt: str | None = None
     save_trace: str | None = None  # the measured Trace in Slide's format (for compare-trace)

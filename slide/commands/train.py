@@ -105,9 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", help="write the measured Chrome trace JSON here")
     parser.add_argument(
         "--trace-steps",
-        default="1:4",
         help="steps A:B (inclusive, counted from this run's first) that --trace, --gantt and "
-        "--save-trace show; only they are kept [1:4]",
+        "--save-trace show and the summary's tokens/s is measured on; only they are kept "
+        "[1:4, or 7:10 where the run re-checks its placement after step 6]",
     )
     parser.add_argument(
         "--log-every",
@@ -222,7 +222,7 @@ def _request(args: argparse.Namespace) -> TrainRequest:
         nvme_dirs=nvme_dirs(args),
         metrics=args.metrics,
         trace=args.trace,
-        trace_steps=_step_range(args.trace_steps),
+        trace_steps=_step_range(args.trace_steps) if args.trace_steps else None,
         log_every=args.log_every,
         gantt=args.gantt,
         save_trace=args.save_trace,

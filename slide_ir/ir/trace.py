@@ -107,7 +107,7 @@ class Metrics:
     """Figures read from one trace. Times in seconds; `*_util` in [0, 1]."""
 
     first_step_s: float
-    step_time_s: float  # mean over steady steps (>= 2); the first step if there is only one
+    step_time_s: float  # mean over the steps after the trace's first; that one if it is alone
     steady_steps: tuple[int, ...]
     tokens_per_s: float
     tflops: float  # model TFLOP/s from GraphInfo.flops_per_step (6N-style plus attention)
@@ -134,7 +134,7 @@ def trace_metrics(trace: Trace, graph: Graph | None = None) -> Metrics:
     steps = trace.steps()
     ends = _step_ends(trace.spans)
     t0 = min(s.start for s in trace.spans)
-    steady = tuple(s for s in steps if s >= 2) or steps[:1]
+    steady = steps[1:] or steps[:1]  # the first step traced is the warm-up (or a boundary)
     lo = ends.get(steady[0] - 1, t0)
     hi = ends[steady[-1]]
     if not hi > lo:

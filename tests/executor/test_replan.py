@@ -25,8 +25,10 @@ def test_a_slow_cpu_lane_moves_units_to_the_gpu(monkeypatch):
     assert replan["best_step_s"] <= (1 - refit.MIN_GAIN) * replan["running_step_s"]
     planned_from_start = run_executor(False, placement="fast")
     assert len(result.meta["resident"]) > len(planned_from_start.meta["resident"])
-    # the trace's steps (1-4) ran before the move: its info is the first plan's
-    assert result.trace.info == planned_from_start.trace.info
+    # by default the trace is of the four steps after the check (7-10), run by the new plan
+    assert {s.step for s in result.trace.spans} == {7, 8, 9, 10}
+    assert result.trace.info != planned_from_start.trace.info
+    assert result.trace.info.steps == STEPS
     assert_matches_reference(result, tied=False, config={})
 
 
