@@ -100,7 +100,20 @@ class Run:
             "resident": _units_placed(self.plan.graph, UnitPlacement.RESIDENT),
             "streamed": _units_placed(self.plan.graph, UnitPlacement.STREAMED),
             "clip": "per-unit" if self.plan.graph.info.clip_norm else "none",
+            **({"placement": _placement(self.plan, env.cuda)} if self.plan.choice else {}),
         }
+
+
+def _placement(p: Plan, cuda: bool) -> dict[str, Any]:
+    """What the placement search chose and the step it predicted for it (on the profile it
+    planned with: after a re-plan, the re-fit one), so a run can be set against its plan. In
+    CPU mode the profile's figures are a GPU preset's: no prediction of that run."""
+    assert p.choice is not None
+    chosen = p.choice.chosen
+    step = next((c.step_s for c in p.choice.considered if c.placement == chosen), None)
+    step = step if cuda else None
+    return {"chosen": chosen.describe(p.model), "how": p.choice.how, "predicted_step_s": step,
+            "tokens_per_step": p.graph.info.tokens_per_step}  # fmt: skip
 
 
 def _rss_bytes() -> int:

@@ -144,10 +144,25 @@ def finish(
         "machine": machine.name,
         **({"nproc": nproc} if nproc > 1 else {}),
         "tokens_per_s": m.tokens_per_s * nproc,
+        **against_plan(result.meta.get("placement"), m.step_time_s, nproc),
         "eta": m.eta,
         "checkpoint": str(last) if last else None,
         **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),
     }
+
+
+def against_plan(placement: dict[str, Any] | None, step_s: float, nproc: int) -> dict[str, Any]:
+    """The placement the run ended on (the trace window's too, unless a run of under 10 steps
+    moved after it), its predicted tokens/s and the measured step's error against it
+    (positive: slower than predicted)."""
+    if not placement:
+        return {}
+    out: dict[str, Any] = {"placement": placement["chosen"]}
+    predicted = placement.get("predicted_step_s")
+    if predicted:
+        out["predicted_tokens_per_s"] = round(placement["tokens_per_step"] * nproc / predicted, 1)
+        out["step_time_error"] = round(step_s / predicted - 1, 4)
+    return out
 
 
 def phase_summary(phases: Phases) -> dict[str, Any]:

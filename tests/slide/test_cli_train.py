@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from slide.cli import main
+from slide.train_report import against_plan
 
 COMMON = ["--device", "cpu", "--batch", "2", "--seq", "32", "--lr", "1e-3", "--lr-schedule",
           "constant", "--no-shuffle", "--no-progress"]  # fmt: skip
@@ -126,3 +127,16 @@ def test_compare_trace_of_a_prediction_and_a_cpu_run(tmp_path, tokens, capsys):
         "step_time_s" in out and "busy cpu" in out and (tmp_path / "g.png").stat().st_size > 10_000
     )
     assert main(["compare-trace", str(predicted), str(tmp_path / "nope.json")]) == 2
+
+
+def test_the_summary_names_the_placement_and_its_prediction(tmp_path, tokens, capsys):
+    """The summary says which placement ran; on CUDA also its predicted tokens/s and the step's
+    error against it. In CPU mode the profile is a GPU preset's, so no prediction is claimed."""
+    code, stdout, _ = train(capsys, "--data", tokens, "--steps", "2")
+    summary = json.loads(stdout)
+    assert code == 0 and "resident" in summary["placement"] and "kept tapes" in summary["placement"]
+    assert "predicted_tokens_per_s" not in summary and "step_time_error" not in summary
+    placed = {"chosen": "c", "predicted_step_s": 0.5, "tokens_per_step": 1000}
+    got = against_plan(placed, 0.55, nproc=2)
+    assert got == {"placement": "c", "predicted_tokens_per_s": 4000.0, "step_time_error": 0.1}
+    assert against_plan(None, 0.55, nproc=1) == {}
