@@ -65,11 +65,15 @@ class Run:
 
     def memory_now(self) -> dict[str, int]:
         """Host RSS and, on CUDA, the device memory allocated and reserved right now: what a
-        long run's metrics follow to show that nothing grows."""
+        long run's metrics follow to show that nothing grows. Also the caching allocator's
+        retries so far: each one freed its cached blocks and synchronised the device, which a
+        GPU filled to its ledger pays for in step time."""
         out = {"host_rss_bytes": _rss_bytes()}
         if self.env.cuda:
             out["gpu_allocated_bytes"] = torch.cuda.memory_allocated(self.env.device)
             out["gpu_reserved_bytes"] = torch.cuda.memory_reserved(self.env.device)
+            stats = torch.cuda.memory_stats(self.env.device)
+            out["gpu_alloc_retries"] = int(stats.get("num_alloc_retries", 0))
         return out
 
     def extract(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -1,14 +1,14 @@
 # Sourced by the session-9 device scripts: `tokens N` writes N random llama-3 token ids to
 # /tmp/tok.npy; `kept_run MODEL KEEP STEPS TIMEOUT` trains MODEL batch 16 seq 1024 with its
 # defaults and `--keep-activations KEEP`, sampling the GPU's memory (nvidia-smi, 0.5 s) beside
-# it, then plans and simulates the same run on the cached `--machine auto` profile; `bundle`
+# it (RUN_NAME names its files, default MODEL-keep-KEEP), then plans and simulates the same run on the cached `--machine auto` profile; `bundle`
 # packs $OUT into $OUT/all.tgz (the device returns at most 8 files).
 bundle() { tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"; }
 tokens() {
   python3 -c "import numpy as np, sys; np.save('/tmp/tok.npy', np.random.default_rng(0).integers(0, 128000, int(sys.argv[1])))" "$1"
 }
 kept_run() {  # MODEL KEEP STEPS TIMEOUT
-  local model=$1 keep=$2 steps=$3 limit=$4 name="$1-keep-$2"
+  local model=$1 keep=$2 steps=$3 limit=$4 name="${RUN_NAME:-$1-keep-$2}"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/$name-smi.txt" 2>&1 &
   local smi=$!
   timeout -k 20 -s INT "$limit" python3 -m slide.cli train --model "$model" --batch 16 --seq 1024 \
@@ -32,6 +32,9 @@ print(f"{name}: {s.get('tokens_per_s', 0):,.0f} tok/s measured; steps {s.get('st
       f"reserved max {max((r['gpu_reserved_bytes'] for r in rows), default=0) / 1e9:.1f} GB; "
       f"allocated max {max((r['gpu_allocated_bytes'] for r in rows), default=0) / 1e9:.1f} GB; "
       f"nvidia-smi max {max(smi, default=0) / 1024:.1f} GiB")
+print(f"  summary: placement {s.get('placement')}; predicted {s.get('predicted_tokens_per_s')} tok/s; "
+      f"step_time_error {s.get('step_time_error')}; replan {s.get('replan', {}).get('reason')}; "
+      f"alloc retries {[r.get('gpu_alloc_retries') for r in rows]}")
 print("  " + " | ".join(l.strip() for l in plan[1:5] if l.strip()))
 print("  " + next((l.strip() for l in plan if l.startswith("GPU")), "no GPU line"))
 PY
