@@ -104,6 +104,28 @@ Replan = Callable[[Plan, dict[str, float], set[int]], "tuple[Plan, setup_mod.Run
 REPLAN_AFTER = 6  # steps of the first repetition when re-planning: warm-up + 5 steady steps
 
 
+@dataclass
+class SteadySteps:
+    """Running totals over this run's steps from `first` on: the summary's tokens/s covers
+    every steady step, not only the trace window's few (on the H200 a GPU-bound llama-3.1-8b
+    step varies by up to 10% from one step to the next)."""
+
+    first: int
+    steps: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+
+    def add(self, step: int, seconds: float, tokens: int) -> None:
+        if step >= self.first:
+            self.steps, self.seconds, self.tokens = (
+                self.steps + 1, self.seconds + seconds, self.tokens + tokens
+            )  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        return {"first": self.first, "steps": self.steps, "seconds": self.seconds,
+                "tokens": self.tokens}  # fmt: skip
+
+
 @dataclass(kw_only=True)
 class Progress:
     """What the run keeps across repetitions: bounded (see `LOSS_HISTORY`, `recording`)."""
@@ -113,6 +135,7 @@ class Progress:
     log_every: int
     losses: RecentValues
     lrs: RecentValues
+    steady: SteadySteps
     done: int = 0  # steps finished in this run
     stop: bool = False
     interrupted: bool = False
@@ -137,6 +160,7 @@ class Driver:
         log_every: int,
         cpu_threads: int | None,
         replan: Replan | None = None,
+        steady_from: int = 2,
     ) -> None:
         self.p, self.run_, self.it, self.steps = p, run, it, steps
         self.replan = replan
@@ -151,6 +175,7 @@ class Driver:
             log_every=log_every,
             losses=RecentValues(LOSS_HISTORY),
             lrs=RecentValues(LOSS_HISTORY),
+            steady=SteadySteps(steady_from),
             last=recorder.t0,
             interval=(recorder.t0, 0, {}),
         )
@@ -285,6 +310,7 @@ class _Repetition:
                 "has already been applied: keep the previous checkpoint)"
             )
         metrics = step_metrics(d.p, now - pr.last, env.ranks) | self._interval(now)
+        pr.steady.add(pr.done, metrics["step_time_s"], metrics["tokens"])
         pr.last = now
         stop = d.on_step is not None and bool(d.on_step(self.base + step, loss, lr, metrics))
         if env.ranks is not None:  # a rank that stops stops them all, at the same step

@@ -28,8 +28,8 @@ DEFAULT_TRACE_STEPS = (1, 4)  # step 1 (warm-up) and the first steady steps, for
 
 def default_trace_steps(steps: int, checked_after: int | None) -> tuple[int, int]:
     """DEFAULT_TRACE_STEPS, or for a run that checks its placement after step `checked_after`
-    (re-planning) the four steps just after the check where the run has them: the trace, its
-    Gantt chart and the summary's tokens/s then show the placement the run went on with."""
+    (re-planning) the four steps just after the check where the run has them: the trace and
+    its Gantt chart then show the placement the run went on with."""
     if checked_after is None or steps < checked_after + 4:
         return DEFAULT_TRACE_STEPS
     return checked_after + 1, checked_after + 4

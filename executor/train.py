@@ -225,6 +225,7 @@ def train(
                 log_every=log_every,
                 cpu_threads=optimizer_threads(p.config, nproc) if run.env.cuda else None,
                 replan=replan if replan_request is not None else None,
+                steady_from=steady_from(config.steps, checked_after),
             )
             result = _result(driver, phases, on_finish, start_step, hand_back)
             if replanned:
@@ -241,6 +242,15 @@ def train(
 # A move extracts the state, frees the old engine and builds the new one: on the H200 a 3B move
 # (llama-3.2-3b batch 16) took 19.1 s against that run's 8.7 s of buffers and state set-up.
 MOVE_COST_PER_SETUP = 2.2
+
+
+def steady_from(steps: int, checked_after: int | None) -> int:
+    """The first step the summary's tokens/s counts: the second, or, when the run checks its
+    placement after step `checked_after` and goes on for two more, the one after the step that
+    paid for the check (and for a move, if it made one)."""
+    if checked_after is not None and steps >= checked_after + 2:
+        return checked_after + 2
+    return 2
 
 
 def _reason_to_stay(ran: Plan, check: refit.Replanned, steps_left: int, move_s: float) -> str:
@@ -296,7 +306,7 @@ def _result(
         steps_done=pr.done,
         interrupted=pr.interrupted,
         trace=trace,
-        meta=dict(trace.meta),
+        meta=dict(trace.meta) | {"steady": pr.steady.summary()},
     )
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from executor.phases import Phases
 from executor.train import TrainResult
 from slide.fileio import write_atomic
-from slide_ir.ir.trace import to_chrome_trace, trace_metrics
+from slide_ir.ir.trace import Metrics, to_chrome_trace, trace_metrics
 from slide_ir.specs.hardware import Machine
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ def finish(
 
         plot_gantt(result.trace, req.gantt, zoom="auto")
     m = trace_metrics(result.trace)
+    tokens_per_s, step_s, steady = steady_rate(result.meta.get("steady"), m, nproc)
     return {
         "steps_done": steps_done,
         "steps_run": reporter.losses.steps,
@@ -143,12 +144,27 @@ def finish(
         **reporter.losses.summary(),
         "machine": machine.name,
         **({"nproc": nproc} if nproc > 1 else {}),
-        "tokens_per_s": m.tokens_per_s * nproc,
-        **against_plan(result.meta.get("placement"), m.step_time_s, nproc),
+        "tokens_per_s": tokens_per_s,
+        "steady_steps": steady,
+        **against_plan(result.meta.get("placement"), step_s, nproc),
         "eta": m.eta,
         "checkpoint": str(last) if last else None,
         **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),
     }
+
+
+def steady_rate(steady: dict[str, Any] | None, m: Metrics, nproc: int) -> tuple[float, float, str]:
+    """Tokens/s, seconds per step, and which steps they cover: every steady step of the run
+    (`executor.loop.SteadySteps`: all ranks' tokens), or the trace window's where there was
+    none (a one-step run)."""
+    if steady and steady["steps"]:
+        first, last = steady["first"], steady["first"] + steady["steps"] - 1
+        return (
+            steady["tokens"] / steady["seconds"],
+            steady["seconds"] / steady["steps"],
+            f"{first}-{last}",
+        )
+    return m.tokens_per_s * nproc, m.step_time_s, "trace window"
 
 
 def against_plan(placement: dict[str, Any] | None, step_s: float, nproc: int) -> dict[str, Any]:

@@ -106,7 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-steps",
         help="steps A:B (inclusive, counted from this run's first) that --trace, --gantt and "
-        "--save-trace show and the summary's tokens/s is measured on; only they are kept "
+        "--save-trace show and the summary's lane figures (eta) are measured on; only their "
+        "spans are kept (the summary's tokens/s counts every steady step) "
         "[1:4, or 7:10 where the run re-checks its placement after step 6]",
     )
     parser.add_argument(

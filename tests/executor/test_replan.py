@@ -80,3 +80,10 @@ def test_a_kept_plan_runs_on_past_its_short_first_pass(monkeypatch):
     )
     assert not checked.meta["replan"]["replanned"]
     assert_bitwise_equal(checked, run_executor(False, steps=steps, placement="fast"))
+
+
+def test_the_summary_counts_the_steps_after_the_check_and_its_step():
+    after = loop.REPLAN_AFTER
+    assert train_mod.steady_from(after + 6, after) == after + 2  # the check's step is left out
+    assert train_mod.steady_from(after + 1, after) == 2  # no step after the check's: all but 1
+    assert train_mod.steady_from(5, None) == 2  # no re-planning: every step after the first

@@ -45,6 +45,11 @@ def test_checkpoint_metrics_and_reload(tmp_path, tokens, capsys):
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all({"loss", "lr", "tokens_per_s"} <= r.keys() for r in rows)
+    steady = rows[1:]  # the summary's tokens/s: every step after the first, not the trace window's
+    assert summary["steady_steps"] == "2-4"
+    assert summary["tokens_per_s"] == pytest.approx(
+        sum(r["tokens"] for r in steady) / sum(r["step_time_s"] for r in steady), rel=1e-9
+    )
     assert (out / "latest").read_text().strip() == "checkpoints/step-000004"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
     state = json.loads((out / "checkpoints" / "step-000004" / "slide_state.json").read_text())
