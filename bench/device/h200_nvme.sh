@@ -67,4 +67,4 @@ for run in ${RUNS:-optimizer}; do
     *) echo "unknown run $run (optimizer, moments, activations)"; exit 2 ;;
   esac
 done
-tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
+tar czf /tmp/all.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/all.tgz "$OUT/all.tgz"  # only the bundle: 8 files come back
