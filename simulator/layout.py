@@ -17,6 +17,7 @@ from slide_ir.layouts.cluster import Cluster
 from slide_ir.layouts.cost import LayoutCosts, lane_dim
 from slide_ir.layouts.graph import layout_graph
 from slide_ir.layouts.plan import Layout, bubble
+from slide_ir.layouts.work import all_stages
 from slide_ir.specs.model import ModelSpec
 
 
@@ -49,7 +50,8 @@ class LayoutRun:
 
 def simulate_layout(spec: ModelSpec, lay: Layout, cluster: Cluster) -> LayoutRun:
     graph = layout_graph(spec, lay, cluster.name)
-    costs = LayoutCosts(cluster, lay, experts_per_token=spec.experts_per_token or 1)
+    costs = LayoutCosts(cluster, lay, experts_per_token=spec.experts_per_token or 1,
+                        works=all_stages(spec, lay))  # fmt: skip
     trace = simulate(graph, costs, meta={"layout": lay.describe(), "cluster": cluster.name})
     step = max(s.end for s in trace.spans)
     busy: dict[str, float] = {}

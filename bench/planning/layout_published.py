@@ -15,8 +15,9 @@ Sources (cited in bench/RESULTS.md):
   FSDP sharding optimizer states and gradients, weights kept after forward (ZeRO-2 memory);
   8K sequences without activation checkpointing.
 - Qwen3-235B-A22B: yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md (commit 020b813;
-  256 H100, BF16; DeepEP unless "NCCL all-to-all"; selective recompute of norms / activations /
-  MoE modelled as none, the FSDP row's full recompute as full); 94 layers with embedding and
+  256 H100, BF16; DeepEP unless "NCCL all-to-all"; recompute as the table's column gives it:
+  "norm, act" as selective `layernorm moe_act`, the FSDP row's "full" as full, the TP4 row none,
+  the long-context rows' command `layernorm moe`); 94 layers with embedding and
   loss counted as layers (96 = 8 x 4 chunks: 11, 12 x 6, 11 on PP8 VPP4; 32 x 3 chunks: 2,
   3 x 30, 2 on PP32 VPP3). Long-context rows give dropless and forced-balance TFLOP/s; slide
   assumes balanced routing, so both are compared.
@@ -52,10 +53,16 @@ def _llama(gpus: int, cp: int, dp: int, seq: int, m: int) -> Layout:
                   pp_layers=balanced_split(126, 16), virtual_stages=8)  # fmt: skip
 
 
-def _qwen(tp: int, cp: int, ep: int, dp: int, seq: int, gbs: int) -> Layout:
+def _qwen(tp: int, cp: int, ep: int, dp: int, seq: int, gbs: int,
+          recompute: tuple[str, ...]) -> Layout:  # fmt: skip
     return Layout(gpus=256, tp=tp, pp=8, cp=cp, ep=ep, dp=dp, seq=seq, global_batch=gbs,
                   distributed_optimizer=True, pp_layers=balanced_split(94, 8),
-                  virtual_stages=4, deepep=True)  # fmt: skip
+                  virtual_stages=4, deepep=True, recompute_modules=recompute)  # fmt: skip
+
+
+# the table's "recompute" column: "norm, act" is `--recompute-modules layernorm moe_act`; the
+# long-context command runs `--recompute-granularity selective --recompute-modules layernorm moe`
+NORM_ACT, NORM_MOE = ("layernorm", "moe_act"), ("layernorm", "moe")
 
 
 # Qwen3-235B-A22B on 256 H100 (Megatron-MoE-ModelZoo best_practice/qwen3/readme.md): every BF16
@@ -64,7 +71,8 @@ def _qwen(tp: int, cp: int, ep: int, dp: int, seq: int, gbs: int) -> Layout:
 _FSDP_EP8 = Layout(gpus=256, tp=2, pp=1, ep=8, dp=128, zero=3, recompute=True,
                    micro_batch_size=4, global_batch=2048, deepep=True)  # fmt: skip
 _A2A_PP32 = Layout(gpus=256, tp=2, pp=32, ep=8, dp=4, global_batch=2048,
-                   distributed_optimizer=True, pp_layers=(2, *(3,) * 30, 2), virtual_stages=3)  # fmt: skip
+                   distributed_optimizer=True, pp_layers=(2, *(3,) * 30, 2), virtual_stages=3,
+                   recompute_modules=NORM_ACT)  # fmt: skip
 
 ROWS = (
     Row(name="Llama 3 405B, 8K", model="llama-3.1-405b",
@@ -74,21 +82,21 @@ ROWS = (
     Row(name="Llama 3 405B, 128K", model="llama-3.1-405b",
         layout=_llama(16384, 16, 8, 131072, 16), published_tflops=380),
     Row(name="Qwen3-235B-A22B, 4K, EP32 across nodes", model="qwen3-235b-a22b",
-        layout=_qwen(2, 1, 32, 16, 4096, 2048), published_tflops=245, step_s=19.7),
+        layout=_qwen(2, 1, 32, 16, 4096, 2048, NORM_ACT), published_tflops=245, step_s=19.7),
     Row(name="Qwen3-235B-A22B, 4K, EP8 + FSDP", model="qwen3-235b-a22b",
         layout=_FSDP_EP8, published_tflops=276, step_s=17.6),
     Row(name="Qwen3-235B-A22B, 4K, EP8, NCCL all-to-all", model="qwen3-235b-a22b",
         layout=_A2A_PP32, published_tflops=200, step_s=24.2),
     Row(name="Qwen3-235B-A22B, 4K, TP4 EP8", model="qwen3-235b-a22b",
-        layout=_qwen(4, 1, 8, 8, 4096, 2048), published_tflops=167, step_s=29.0),
+        layout=_qwen(4, 1, 8, 8, 4096, 2048, ()), published_tflops=167, step_s=29.0),
     Row(name="Qwen3-235B-A22B, 16K", model="qwen3-235b-a22b",
-        layout=_qwen(4, 1, 8, 8, 16384, 256), published_tflops=237, forced_tflops=295),
+        layout=_qwen(4, 1, 8, 8, 16384, 256, NORM_MOE), published_tflops=237, forced_tflops=295),
     Row(name="Qwen3-235B-A22B, 32K", model="qwen3-235b-a22b",
-        layout=_qwen(4, 2, 8, 4, 32768, 256), published_tflops=277, forced_tflops=335),
+        layout=_qwen(4, 2, 8, 4, 32768, 256, NORM_MOE), published_tflops=277, forced_tflops=335),
     Row(name="Qwen3-235B-A22B, 64K", model="qwen3-235b-a22b",
-        layout=_qwen(4, 4, 8, 2, 65536, 256), published_tflops=320, forced_tflops=368),
+        layout=_qwen(4, 4, 8, 2, 65536, 256, NORM_MOE), published_tflops=320, forced_tflops=368),
     Row(name="Qwen3-235B-A22B, 128K", model="qwen3-235b-a22b",
-        layout=_qwen(4, 8, 8, 1, 131072, 256), published_tflops=357, forced_tflops=389),
+        layout=_qwen(4, 8, 8, 1, 131072, 256, NORM_MOE), published_tflops=357, forced_tflops=389),
 )  # fmt: skip
 
 # The issue's starting layouts (128K tokens, CPU Adam, recompute; 8-GPU nodes). Global batch

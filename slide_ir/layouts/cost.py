@@ -30,6 +30,19 @@ for the catalog's rule; the length a calibration measured at, for a measured rat
 shape is used for both passes and for DeepSeek sparse attention too (an assumption: the paper
 gives no causal backward curve, nor one for sparse kernels).
 
+Weight GEMMs at few rows (`gemm_excess`): a GEMM runs at the matmul rate only while it is not
+bound by HBM. Roofline per GEMM of (M x K) @ (K x N): max(2 M K N / matmul rate, bytes / HBM
+bandwidth), bytes 2 (M K + K N + M N) in BF16 for the forward and for the input gradient (both
+read the weight once), and for the weight gradient 2 (M K + M N) + 8 K N: Megatron accumulates
+it into the FP32 main gradient in the GEMM (`--gradient-accumulation-fusion`, on by default,
+TE's `fuse_wgrad_accumulation`; BF16 training accumulates gradients in FP32,
+megatron/training/arguments.py), which reads and writes 4 B per weight per micro-batch. So the
+weight gradient is memory-bound below M = 4 x (matmul rate / HBM bandwidth), about 950 rows at
+the H100's catalog rates (792 TFLOP/s, 3.35 TB/s), near 1,100 with the activations' bytes of an
+expert's fc1 (4096 x 3072): routed experts at 512 tokens each are. The time above the
+compute-bound figure is added to the pass; at thousands of rows (dense layers, experts with many
+tokens) it is zero. HBM at the datasheet rate: an optimistic bound, so the term is a lower one.
+
 Latency terms are not modelled beyond `Efficiency.launch_s` per op.
 """
 
@@ -41,6 +54,7 @@ import math
 from slide_ir.ir.graph import Op, OpKind, Work
 from slide_ir.layouts.cluster import Cluster
 from slide_ir.layouts.plan import Layout, group_on_nvlink, strides
+from slide_ir.layouts.work import Gemm, StageWork
 from slide_ir.planning.cost import CostModel, Efficiency
 
 DIMS = ("tp", "cp", "ep", "pp", "dp", "edp")
@@ -82,7 +96,8 @@ def lane_dim(lane: str) -> tuple[int, str]:
 class LayoutCosts:
     """(op) -> seconds for a layout graph on `cluster`."""
 
-    __slots__ = ("attn_slowdown", "base", "cluster", "dedup", "groups", "host_rate", "topk")
+    __slots__ = ("attn_slowdown", "base", "cluster", "dedup", "excess", "groups", "host_rate",
+                 "selective", "topk", "v")  # fmt: skip
 
     def __init__(
         self,
@@ -91,7 +106,10 @@ class LayoutCosts:
         *,
         experts_per_token: int = 1,
         efficiency: Efficiency | None = None,
+        works: tuple[StageWork, ...] | list[StageWork] = (),
     ) -> None:
+        """`works`: the stages' `StageWork`, for the GEMM roofline (`gemm_excess`); without them
+        compute ops are priced at the matmul rate alone."""
         self.cluster = cluster
         self.topk, self.dedup = experts_per_token, layout.deepep
         self.base = CostModel(cluster.machine, efficiency=efficiency)
@@ -108,6 +126,34 @@ class LayoutCosts:
             "dp": (layout.data_parallel * layout.cp, st["cp"]),
             "edp": (layout.expert_dp, layout.ep),
         }
+        self.v, self.selective = layout.virtual_stages, "moe" in layout.recompute_modules
+        self.excess = {w.stage: self._excess(w.gemms) for w in works}
+
+    def gemm_roofline(self, g: Gemm) -> tuple[float, float, float]:
+        """Seconds one GEMM of `g` spends above the compute-bound time in the forward, the input
+        gradient and the weight gradient (see the module docstring): max(0, bytes / HBM - FLOPs /
+        matmul rate) each."""
+        r = self.base.rates
+        compute = 2.0 * g.m * g.k * g.n / r.flops
+        acts = 2.0 * g.m * (g.k + g.n)
+        fwd = max(0.0, (acts + 2.0 * g.k * g.n) / r.hbm - compute)
+        wgrad = max(0.0, (acts + 8.0 * g.k * g.n) / r.hbm - compute)
+        return fwd, fwd, wgrad
+
+    def _excess(self, gemms: tuple[Gemm, ...]) -> dict[OpKind, float]:
+        """Extra seconds per micro-batch of the stage's whole forward, backward, recompute."""
+        fwd = bwd = moe_fwd = 0.0
+        for g in gemms:
+            f, dgrad, wgrad = self.gemm_roofline(g)
+            fwd, bwd = fwd + g.count * f, bwd + g.count * (dgrad + wgrad)
+            moe_fwd += g.count * f if g.moe else 0.0
+        return {OpKind.FWD: fwd, OpKind.BWD: bwd,
+                OpKind.RECOMPUTE: moe_fwd if self.selective else fwd}  # fmt: skip
+
+    def gemm_excess(self, stage: int, kind: OpKind) -> float:
+        """Extra seconds of the GEMM roofline in one micro-batch's `kind` pass (FWD, BWD,
+        RECOMPUTE) on `stage`, all its chunks together; 0 without the stage's work."""
+        return self.excess.get(stage, {}).get(kind, 0.0)
 
     def bandwidth(self, dim: str) -> float:
         size, stride = self.groups[dim]
@@ -121,7 +167,9 @@ class LayoutCosts:
         if op.kind == OpKind.ADAM:
             return launch + op.work.elements / self.host_rate
         if op.kind in _COMPUTE:
-            return launch + self.compute_seconds(op.work)
+            return (
+                launch + self.compute_seconds(op.work) + self.gemm_excess(op.unit, op.kind) / self.v
+            )
         return self.base.seconds(op)
 
     def compute_seconds(self, work: Work) -> float:

@@ -13,7 +13,9 @@ Per unit:
   block the stream (the next compute op waits for them); `pp.fwd` sends the output on once all
   of them are done;
 - backward mirrors it: under recompute a `recompute` pass first, with its own TP, EP and CP
-  collectives (full recompute re-runs the forward's); `bwd`; `pp.bwd` to the previous stage.
+  collectives (full recompute re-runs the forward's; selective recompute runs what its modules
+  regenerate, `StageWork.re_*`, and with `moe` the EP dispatch and combine again); `bwd`;
+  `pp.bwd` to the previous stage.
 1F1B: stage s runs min(p - s - 1, m) warm-up forwards, then alternates one forward and one
 backward, then drains. Interleaved (Megatron's order, m a multiple of p): forward k of stage s
 is chunk (k mod pv) // p of micro-batch (k // pv) p + k mod p, backwards take the chunks in
@@ -137,10 +139,13 @@ class _Emitter:
         self.slot[(s, j, c)] = self.b.ops[-1].acquires[0]
         self.after(s, j, c, "fwd", done, ready)
 
-    def after(self, s: int, j: int, c: int, p: str, done: str,
-              ready: Sequence[str | None]) -> None:  # fmt: skip
-        """Collectives of one pass: TP and EP block the stream, CP overlaps, PP sends on."""
+    def after(self, s: int, j: int, c: int, p: str, done: str, ready: Sequence[str | None],
+              messages: tuple[int, int, int] | None = None) -> None:  # fmt: skip
+        """Collectives of one pass: TP and EP block the stream, CP overlaps, PP sends on.
+        `messages`: (TP, EP, CP) bytes when not the forward's (selective recompute)."""
         _, tp_b, ep_b, cp_b = _scaled(self.works[s], self.v)
+        if messages is not None:
+            tp_b, ep_b, cp_b = messages
         tp = self.comm(self.oid(s, j, c, f"tp.{p}"), K.ALL_REDUCE, s, "tp", tp_b, [done])
         ep = self.comm(self.oid(s, j, c, f"ep.{p}"), K.ALL_TO_ALL, s, "ep", ep_b, [tp or done])
         ring = cp_b * (2 if p == "bwd" else 1)  # backward sends K, V and their gradients
@@ -160,6 +165,10 @@ class _Emitter:
         if lay.recompute:
             re = self.compute(self.oid(s, j, c, "recompute"), K.RECOMPUTE, s, work, ready)
             self.after(s, j, c, "re", re, ready)
+        elif lay.recompute_modules:  # selective: the modules' forward again, MoE's all-to-all
+            part = Work(flops=w.re_flops / self.v, bytes=w.re_bytes // self.v)
+            re = self.compute(self.oid(s, j, c, "recompute"), K.RECOMPUTE, s, part, ready)
+            self.after(s, j, c, "re", re, ready, messages=(0, w.re_ep_bytes // self.v, 0))
         twice = Work(flops=2 * work.flops, attn_flops=2 * work.attn_flops, bytes=2 * work.bytes)
         done = self.compute(self.oid(s, j, c, "bwd"), K.BWD, s, twice, ready,
                             release=[self.slot.pop((s, j, c))])  # fmt: skip

@@ -9,7 +9,9 @@ gradient shard; activations are unaffected.
 
 Activations per GPU: 1F1B keeps up to PP - s micro-batches in flight on stage s (0-based; at
 most m); each holds every layer's saved tensors, or under recompute only each layer's input,
-plus one layer's working set. Interleaved (v chunks per stage) keeps Megatron's warm-up
+plus one layer's working set; under selective recompute (`Layout.recompute_modules`) the saved
+tensors less those the modules regenerate (`work.recomputed_terms`), plus one layer's worth of
+them. Interleaved (v chunks per stage) keeps Megatron's warm-up
 2 (p - s - 1) + (v - 1) p + 1 chunks in flight (`in_flight_chunks`), each 1/v of the stage. The last stage adds the logits (BF16, their FP32 copy and
 gradient). Communication buffers: send + receive staging of the largest message. Fragmentation:
 the caching allocator cannot reuse all it reserves for tensors that come and go (activations,
@@ -88,7 +90,7 @@ def stage_terms(
     v = lay.virtual_stages
     in_flight = in_flight_chunks(lay.pp, lay.m, v, work.stage)
     kept = work.input_bytes if lay.recompute else work.act_bytes
-    working = work.layer_peak_bytes if lay.recompute else 0
+    working = work.layer_peak_bytes if lay.recompute else work.recompute_peak_bytes
     terms["activations"] = -(-in_flight * kept // v) + working
     terms["logits"] = work.logits_bytes
     per_call = (  # one collective's message: TP per block, EP per dispatch or combine

@@ -15,7 +15,10 @@ Rules (`check_layout` refuses the first one broken, naming it and the valid valu
 - CP > 1: the sequence splits into 2 x CP equal chunks (zigzag), so seq divisible by 2 x CP;
 - global batch divisible by DP x micro-batch size (m = B / (DP x mbs) micro-batches per step);
 - ZeRO stage 0-3, or the distributed optimizer (shards master + moments and the update, then
-  all-gathers weights: ZeRO-1's memory), not both.
+  all-gathers weights: ZeRO-1's memory), not both;
+- recompute is full (`recompute`) or selective (`recompute_modules`, Megatron's
+  `--recompute-granularity selective --recompute-modules ...`: `layernorm`, `moe_act`, `moe`),
+  not both; `moe_act` and `moe` need an MoE model.
 
 Rank order is Megatron's default, TP fastest, then CP, DP, PP: a group of size g and stride s
 spans s x g consecutive ranks and stays on NVLink when that fits one node. Expert groups with
@@ -27,6 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slide_ir.specs.model import ModelSpec
+
+# Megatron's selective recompute modules that slide prices (`--recompute-modules`, documented at
+# `TransformerConfig.recompute_modules`, megatron/core/transformer/transformer_config.py): the two
+# RMSNorms before attention and MLP; the experts' SwiGLU activation; the whole MoE block (router,
+# dispatch, experts, combine: its all-to-all re-runs).
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "moe")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,6 +59,7 @@ class Layout:
     pp_layers: tuple[int, ...] = ()  # decoder layers per stage; (): L / PP each
     virtual_stages: int = 1  # v model chunks per stage (interleaved 1F1B when > 1)
     deepep: bool = False  # EP dispatch deduplicated per node (DeepEP), see layout_cost
+    recompute_modules: tuple[str, ...] = ()  # selective recompute, see RECOMPUTE_MODULES
 
     def __post_init__(self) -> None:
         for name in ("gpus", "tp", "pp", "cp", "ep", "seq", "micro_batch_size", "virtual_stages"):
@@ -66,6 +76,15 @@ class Layout:
             raise ValueError(f"pp_layers must be a tuple of integers >= 1; got {self.pp_layers!r}")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3; got {self.zero!r}")
+        if not isinstance(self.recompute_modules, tuple) or any(
+            m not in RECOMPUTE_MODULES for m in self.recompute_modules
+        ):
+            raise ValueError(
+                f"recompute_modules must be a tuple of {', '.join(RECOMPUTE_MODULES)}; "
+                f"got {self.recompute_modules!r}"
+            )
+        if self.recompute and self.recompute_modules:
+            raise ValueError("full recompute and recompute_modules (selective) exclude each other")
         if self.zero and self.distributed_optimizer:
             raise ValueError(
                 f"--zero {self.zero} and --distributed-optimizer both shard the optimizer: pick one"
@@ -105,6 +124,8 @@ class Layout:
                              (" deepep", self.deepep))
             if on
         )  # fmt: skip
+        if self.recompute_modules:
+            extras += f" recompute({','.join(self.recompute_modules)})"
         split = f"[{','.join(map(str, self.pp_layers))}]" if self.pp_layers else ""
         virtual = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         return (
@@ -142,6 +163,8 @@ def layout_problems(spec: ModelSpec, lay: Layout, gpus_per_node: int) -> list[st
     out += _stage_problems(spec, lay)
     if tp > gpus_per_node or gpus_per_node % tp:
         out.append(f"--tp must divide the {gpus_per_node} GPUs of a node (TP on NVLink); got {tp}")
+    if not spec.is_moe and {"moe", "moe_act"} & set(lay.recompute_modules):
+        out.append(f"--recompute-modules moe / moe_act need an MoE model; {spec.name} is dense")
     if cp > 1 and lay.seq % (2 * cp):
         out.append(f"--seq must be divisible by 2 x CP = {2 * cp} (zigzag chunks); got {lay.seq}")
     if lay.batch % (dp * lay.micro_batch_size) or lay.m < 1:

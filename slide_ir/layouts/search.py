@@ -3,7 +3,8 @@
 `estimate` prices the same ops the graph holds (`LayoutCosts`) without building it. With f_s,
 b_s the forward and backward of one micro-batch on stage s (compute, plus the TP and EP
 collectives that block the stream, plus the part of the CP ring compute does not hide; under
-recompute b_s starts with a second forward and its collectives), t_pp a hop between stages,
+recompute b_s starts with a second forward and its collectives, under selective recompute with
+what its modules regenerate; both passes carry `LayoutCosts.gemm_excess`), t_pp a hop between stages,
 u_s the stage's gradient sync, update and weight gather, and v chunks per stage:
 
     T = sum_s (f_s + b_s) / v + (m - 1/v) max_s (f_s + b_s) + 2 (p - 1) t_pp + max_s u_s
@@ -47,21 +48,32 @@ class Estimate:
 def _passes(c: LayoutCosts, w: StageWork, lay: Layout) -> tuple[float, float, dict[str, float]]:
     fwd = c.compute_seconds(Work(flops=w.fwd_flops, attn_flops=w.fwd_attn_flops,
                                  bytes=w.fwd_bytes))  # fmt: skip
+    fwd += c.gemm_excess(w.stage, K.FWD)
+    bwd = 2 * c.compute_seconds(Work(flops=w.fwd_flops, attn_flops=w.fwd_attn_flops,
+                                     bytes=w.fwd_bytes)) + c.gemm_excess(w.stage, K.BWD)  # fmt: skip
     tp = c.collective_seconds(K.ALL_REDUCE, "tp", w.tp_bytes)
     ep = c.collective_seconds(K.ALL_TO_ALL, "ep", w.ep_bytes)
     cp_f = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", w.cp_bytes) - fwd)
-    cp_b = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", 2 * w.cp_bytes) - 2 * fwd)
-    re = fwd + tp + ep + cp_f if lay.recompute else 0.0  # full recompute re-runs its collectives
+    cp_b = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", 2 * w.cp_bytes) - bwd)
+    re = 0.0
+    if lay.recompute:  # full recompute re-runs the forward and its collectives
+        re = fwd + tp + ep + cp_f
+    elif lay.recompute_modules:  # selective: what the modules regenerate, MoE's all-to-all
+        re = c.compute_seconds(Work(flops=w.re_flops, bytes=w.re_bytes))
+        re += c.gemm_excess(w.stage, K.RECOMPUTE)
+        re += c.collective_seconds(K.ALL_TO_ALL, "ep", w.re_ep_bytes)
     dp_lane = 0.0  # ZeRO-3: gathers run ahead on the DP lane, with each backward's scatter
     if lay.zero >= 3:
         dp_lane = 2 * c.collective_seconds(K.ALL_GATHER, "dp", BF16 * w.dense_params)
         dp_lane += c.collective_seconds(K.REDUCE_SCATTER, "dp", FP32 * w.dense_params)
     f = fwd + tp + ep + cp_f
-    b = re + 2 * fwd + tp + ep + cp_b
+    b = re + bwd + tp + ep + cp_b
     dp = max(0.0, dp_lane - f - b)
     b += dp
     passes = 3 if lay.recompute else 2
-    exposed = {"tp": tp * passes, "ep": ep * passes, "cp": cp_f * (passes - 1) + cp_b, "dp": dp}
+    re_ep = c.collective_seconds(K.ALL_TO_ALL, "ep", w.re_ep_bytes)
+    exposed = {"tp": tp * passes, "ep": ep * passes + re_ep, "cp": cp_f * (passes - 1) + cp_b,
+               "dp": dp}  # fmt: skip
     return f, b, exposed
 
 
@@ -86,8 +98,8 @@ def _update(c: LayoutCosts, w: StageWork, lay: Layout) -> float:
 
 
 def estimate(spec: ModelSpec, lay: Layout, cluster: Cluster) -> Estimate:
-    c = LayoutCosts(cluster, lay, experts_per_token=spec.experts_per_token or 1)
     works = all_stages(spec, lay)
+    c = LayoutCosts(cluster, lay, experts_per_token=spec.experts_per_token or 1, works=works)
     passes = [_passes(c, w, lay) for w in works]
     per_mb = [f + b for f, b, _ in passes]
     slow = max(range(len(works)), key=lambda s: per_mb[s])
@@ -100,6 +112,8 @@ def estimate(spec: ModelSpec, lay: Layout, cluster: Cluster) -> Estimate:
     fwd = c.compute_seconds(Work(flops=w.fwd_flops, attn_flops=w.fwd_attn_flops,
                                  bytes=w.fwd_bytes))  # fmt: skip
     compute = lay.m * fwd * (4 if lay.recompute else 3)
+    if lay.recompute_modules:
+        compute += lay.m * c.compute_seconds(Work(flops=w.re_flops, bytes=w.re_bytes))
     comm = {k: lay.m * v for k, v in passes[slow][2].items()}
     comm["pp"] = 2 * (lay.pp - 1) * t_pp
     tokens = lay.batch * lay.seq

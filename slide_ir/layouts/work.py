@@ -69,11 +69,96 @@ def activation_terms(spec: ModelSpec, layer: int) -> dict[str, int]:
     if not moe.is_moe_layer(spec, layer):
         terms["mlp"] = 3 * spec.intermediate_size * BF16
         return terms
-    im = spec.moe_intermediate_size
+    im, k, shared = spec.moe_intermediate_size, spec.experts_per_token, spec.shared_experts
     terms["router"] = spec.num_experts * FP32
-    terms["experts"] = spec.experts_per_token * (h + 3 * im) * BF16
-    terms["shared"] = spec.shared_experts * 3 * im * BF16
+    terms["experts.in"] = k * h * BF16  # the permuted input of each routed copy
+    terms["experts.fc1"] = k * 2 * im * BF16  # gate and up
+    terms["experts.act"] = k * im * BF16  # their SwiGLU product
+    terms["shared.fc1"] = shared * 2 * im * BF16
+    terms["shared.act"] = shared * im * BF16
     return terms
+
+
+def recomputed_terms(spec: ModelSpec, layer: int, modules: tuple[str, ...]) -> frozenset[str]:
+    """The `activation_terms` selective recompute drops (recomputes in the backward) in one layer.
+    Megatron's modules (`TransformerConfig.recompute_modules`): `layernorm` discards the outputs
+    of input_layernorm and pre_mlp_layernorm (recomputed from the residual stream, which is kept);
+    `moe_act` discards the experts' SwiGLU product (recomputed from gate and up, which are kept);
+    `moe` checkpoints the whole MoE layer: only its input is kept (the second norm's output, or
+    its input under `layernorm`), the router scores and every expert tensor are recomputed."""
+    out: set[str] = set()
+    if "layernorm" in modules:
+        out |= {"norm1.out", "norm2.out"}
+    if not moe.is_moe_layer(spec, layer):
+        return frozenset(out)
+    if "moe_act" in modules:
+        out |= {"experts.act", "shared.act"}
+    if "moe" in modules:
+        out |= {"router", "experts.in", "experts.fc1", "experts.act", "shared.fc1", "shared.act"}
+    return frozenset(out)
+
+
+def recompute_bytes_per_token(spec: ModelSpec, layer: int, modules: tuple[str, ...]) -> int:
+    """HBM bytes per token of the elementwise recompute `modules` add to one layer's backward,
+    outside the MoE block's own forward (priced as such under `moe`): an RMSNorm reads its BF16
+    input and writes its output (4 h B; the FP32 rstd is kept); a SwiGLU product reads gate and
+    up and writes the product (6 B per intermediate unit, as `layer_elementwise_bytes`)."""
+    extra = 2 * 4 * spec.hidden_size if "layernorm" in modules else 0
+    if moe.is_moe_layer(spec, layer) and "moe_act" in modules and "moe" not in modules:
+        extra += 6 * (spec.experts_per_token + spec.shared_experts) * spec.moe_intermediate_size
+    return extra
+
+
+def moe_block_fwd(spec: ModelSpec, layer: int, batch: int, seq: int) -> tuple[float, int]:
+    """(FLOPs, elementwise HBM bytes) of one MoE layer's MoE block forward (router, routed and
+    shared experts, token permutation; the parts `layer_elementwise_bytes` adds for it), zero on
+    a dense layer: what `moe` recompute runs a second time."""
+    if not moe.is_moe_layer(spec, layer):
+        return 0.0, 0
+    k, shared, im = spec.experts_per_token, spec.shared_experts, spec.moe_intermediate_size
+    params = spec.num_experts * spec.hidden_size + (k + shared) * moe.expert_params(spec)
+    per_token = 6 * (k + shared) * im + 8 * k * spec.hidden_size + 12 * spec.num_experts
+    return 2.0 * batch * seq * params, batch * seq * per_token
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Gemm:
+    """`count` GEMMs of one GPU per micro-batch: (M x K) @ (K x N), M the tokens it runs."""
+
+    m: float
+    k: int
+    n: int
+    count: int
+    moe: bool = False  # in the MoE block (what `moe` recompute runs again)
+
+
+def stage_gemms(spec: ModelSpec, lay: Layout, layers: range, last: bool) -> tuple[Gemm, ...]:
+    """The weight GEMMs one GPU of a stage runs per micro-batch, for `LayoutCosts.gemm_excess`.
+    Non-expert matmuls see the micro-batch's tokens over CP (sequence parallelism gathers them
+    over TP) and 1/TP of each weight, counted as one GEMM of K = hidden per layer (attention,
+    router and dense MLP weights together; the LM head likewise); routed experts see
+    M = tokens/(TP x CP) x top-k x EP / experts rows each (balanced routing), fc1 (hidden x 2
+    intermediate: gate and up) and fc2 (intermediate x hidden); shared experts the GPU's own
+    tokens with whole weights (expert TP = 1)."""
+    h, tokens = spec.hidden_size, lay.micro_batch_size * lay.seq / lay.cp
+    dense = sum(moe.active_matmul_params(spec, i) for i in layers)
+    n_moe = sum(moe.is_moe_layer(spec, i) for i in layers)
+    dense -= n_moe * (spec.experts_per_token + spec.shared_experts) * moe.expert_params(spec)
+    out = [Gemm(m=tokens, k=h, n=max(dense // (h * lay.tp * max(len(layers), 1)), 1),
+                count=len(layers))]  # fmt: skip
+    if last:
+        out.append(Gemm(m=tokens, k=h, n=-(-spec.vocab_size // lay.tp), count=1))
+    if n_moe:
+        im, local = spec.moe_intermediate_size, tokens / lay.tp
+        per_expert = local * spec.experts_per_token * lay.ep / spec.num_experts
+        experts = n_moe * (spec.num_experts // lay.ep)
+        out += [Gemm(m=per_expert, k=h, n=2 * im, count=experts, moe=True),
+                Gemm(m=per_expert, k=im, n=h, count=experts, moe=True)]  # fmt: skip
+        if spec.shared_experts:
+            wide = im * spec.shared_experts
+            out += [Gemm(m=local, k=h, n=2 * wide, count=n_moe, moe=True),
+                    Gemm(m=local, k=wide, n=h, count=n_moe, moe=True)]  # fmt: skip
+    return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,9 +173,14 @@ class StageWork:
     fwd_flops: float
     fwd_attn_flops: float
     fwd_bytes: int  # elementwise HBM traffic of the forward
-    act_bytes: int  # kept for backward per micro-batch (all layers, no recompute)
+    act_bytes: int  # kept for backward per micro-batch (all layers; less what selective drops)
     input_bytes: int  # layer inputs kept per micro-batch under recompute
     layer_peak_bytes: int  # one layer's saved tensors: the recompute working set
+    recompute_peak_bytes: int  # one layer's tensors selective recompute regenerates (0: none)
+    re_flops: float  # selective recompute: the MoE blocks' forward again (`moe`), per micro-batch
+    re_bytes: int  # selective recompute: its elementwise HBM traffic
+    re_ep_bytes: int  # selective recompute: the EP all-to-all bytes it re-runs (`moe`)
+    gemms: tuple[Gemm, ...]  # weight GEMMs per micro-batch, for the roofline of small M
     logits_bytes: int  # last stage: logits, FP32 copy and gradient
     tp_blocks: int  # tensor-parallel blocks (one collective each per pass)
     tp_bytes: int  # TP collective message per pass (all layers)
@@ -118,7 +208,17 @@ def stage_work(spec: ModelSpec, lay: Layout, stage: int) -> StageWork:
     linear = sum(2.0 * tokens * moe.active_matmul_params(spec, i) for i in layers)
     if last:
         linear += spec.head_fwd_flops(b, s)
-    per_layer_act = [sum(activation_terms(spec, i).values()) * tokens // split for i in layers]
+    modules = lay.recompute_modules
+    per_layer_act, per_layer_re = [], []
+    re_flops, re_bytes = 0.0, 0
+    for i in layers:
+        terms, dropped = activation_terms(spec, i), recomputed_terms(spec, i, modules)
+        per_layer_act.append(sum(v for k, v in terms.items() if k not in dropped) * tokens // split)
+        per_layer_re.append(sum(terms[k] for k in dropped) * tokens // split)
+        if "moe" in modules:
+            flops, nbytes = moe_block_fwd(spec, i, b, s)
+            re_flops, re_bytes = re_flops + flops, re_bytes + nbytes
+        re_bytes += tokens * recompute_bytes_per_token(spec, i, modules)
     hidden_local = tokens * spec.hidden_size * BF16 // split
     n_moe = sum(moe.is_moe_layer(spec, i) for i in layers)
     tp_blocks = 2 * len(layers) - n_moe + (stage == 0) + last  # attention, dense MLP, embed, head
@@ -135,6 +235,13 @@ def stage_work(spec: ModelSpec, lay: Layout, stage: int) -> StageWork:
         act_bytes=sum(per_layer_act),
         input_bytes=hidden_local * len(layers),
         layer_peak_bytes=max(per_layer_act),
+        recompute_peak_bytes=max(per_layer_re),
+        re_flops=re_flops / split,
+        re_bytes=re_bytes // split,
+        re_ep_bytes=2 * n_moe * spec.experts_per_token * hidden_local
+        if lay.ep > 1 and "moe" in modules
+        else 0,
+        gemms=stage_gemms(spec, lay, layers, last),
         logits_bytes=tokens // lay.cp * -(-spec.vocab_size // lay.tp) * 10 if last else 0,
         tp_blocks=tp_blocks if lay.tp > 1 else 0,
         tp_bytes=tp_blocks * tokens // lay.cp * spec.hidden_size * BF16 if lay.tp > 1 else 0,

@@ -198,6 +198,17 @@ def test_one_f_one_b_order():
         Layout(gpus=16, tp=2, pp=2, ep=4, dp=4, seq=2048, cpu_adam=True, micro_batches=3),
         Layout(gpus=16, pp=4, ep=4, dp=4, seq=1024, zero=3),
         Layout(
+            gpus=32,
+            tp=2,
+            pp=2,
+            ep=8,
+            dp=8,
+            seq=4096,
+            micro_batches=4,
+            recompute_modules=("layernorm", "moe"),
+            distributed_optimizer=True,
+        ),
+        Layout(
             gpus=16,
             pp=4,
             ep=4,
