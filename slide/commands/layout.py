@@ -13,7 +13,7 @@ from slide.errors import UserError
 from slide_ir.layouts.cluster import Cluster, cluster_names, load_cluster
 from slide_ir.layouts.ledger import advice, build_layout_ledger
 from slide_ir.layouts.models import load_layout_model
-from slide_ir.layouts.plan import Layout, check_layout
+from slide_ir.layouts.plan import RECOMPUTE_MODULES, Layout, check_layout
 from slide_ir.layouts.search import search, time_memory_front
 from slide_ir.specs.model import ModelSpec
 
@@ -41,7 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--distributed-optimizer", action="store_true",
                      help="shard master + moments and the update, gather weights (ZeRO-1 memory)")  # fmt: skip
     parser.add_argument("--cpu-adam", action="store_true", help="master + moments on the host")
-    parser.add_argument("--recompute", action="store_true", help="full activation recompute")
+    recompute = parser.add_mutually_exclusive_group()
+    recompute.add_argument("--recompute", action="store_true", help="full activation recompute")
+    recompute.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=(),
+                           metavar="MODULE", help="selective recompute, as Megatron's: "
+                           f"{', '.join(RECOMPUTE_MODULES)} [none]")  # fmt: skip
     parser.add_argument("--deepep", action="store_true",
                         help="EP dispatch deduplicated per node (DeepEP): a token crosses to each "
                         "remote node once")  # fmt: skip
@@ -74,7 +78,8 @@ def _layout(args: argparse.Namespace) -> Layout:
     return Layout(
         gpus=args.gpus, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, dp=args.dp,
         zero=args.zero, distributed_optimizer=args.distributed_optimizer,
-        cpu_adam=args.cpu_adam, recompute=args.recompute, seq=args.seq,
+        cpu_adam=args.cpu_adam, recompute=args.recompute,
+        recompute_modules=tuple(args.recompute_modules), seq=args.seq,
         micro_batch_size=args.micro_batch_size, global_batch=args.global_batch,
         micro_batches=args.micro_batches, pp_layers=_stage_list(args.pp_layers),
         virtual_stages=args.virtual_stages, deepep=args.deepep,

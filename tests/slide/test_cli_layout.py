@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from slide.cli import main
 
 
@@ -79,3 +81,30 @@ def test_bad_stage_list_is_one_line(capsys):
     code, out, err = run(capsys, "--model", "llama-3.1-8b", "--gpus", "8", "--pp", "2",
                          "--pp-layers", "16,x")  # fmt: skip
     assert code == 2 and not out and err.count("\n") == 1 and "--pp-layers" in err
+
+
+def test_selective_recompute_sits_between_none_and_full(capsys):
+    base = ["--model", "qwen3-30b-a3b", "--gpus", "8", "--tp", "2", "--cp", "4", "--ep", "8",
+            "--seq", "32768", "--cpu-adam", "--distributed-optimizer", "--global-batch", "8",
+            "--json"]  # fmt: skip
+    got = {}
+    for name, extra in (("none", []), ("selective", ["--recompute-modules", "layernorm", "moe"]),
+                        ("full", ["--recompute"])):  # fmt: skip
+        code, out, _ = run(capsys, *base, *extra)
+        assert code == 0
+        got[name] = json.loads(out)
+    assert "recompute(layernorm,moe)" in got["selective"]["layout"]
+    step = {k: v["predicted"]["step_time_s"] for k, v in got.items()}
+    gpu = {k: v["gpu_bytes"] for k, v in got.items()}
+    assert step["none"] < step["selective"] < step["full"]
+    assert gpu["none"] > gpu["selective"] > gpu["full"]
+
+
+def test_selective_recompute_of_moe_on_a_dense_model_is_refused(capsys):
+    code, _, err = run(capsys, "--model", "llama-3.1-8b", "--gpus", "8", "--tp", "8",
+                       "--recompute-modules", "moe")  # fmt: skip
+    assert code == 2 and "need an MoE model" in err
+    with pytest.raises(SystemExit) as refused:  # argparse: the two exclude each other
+        main(["layout", "--model", "llama-3.1-8b", "--gpus", "8", "--recompute",
+              "--recompute-modules", "layernorm"])  # fmt: skip
+    assert refused.value.code == 2
