@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from executor import host_adam
 from executor.adam import AdamWConfig
 from executor.loop import graph_config, graph_plan
 from executor.phases import Phases, since_process_start
@@ -170,6 +171,7 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
     with phases("model spec"):
         saved = _saved_plan(req.plan_file)
         spec = saved.model if saved else load_model(req.model)
+    host_adam.prebuild()  # a fresh host compiles it (7 s on the H200) beside the GPU probes
     with phases("machine"):
         machine = saved.machine if saved else resolve_machine(req, device)
     req = replace(req, config=saved.config if saved else req.config)
