@@ -7,11 +7,18 @@ The edge types and their one mechanism each (STYLE §3):
   not yet recorded would be a no-op on the device);
 - GPU -> host (cpu / nvme lanes, the main thread): the host waits until recorded, then
   `event.synchronize()`;
-- host -> anything: a `threading.Event` set when the host work has finished; a GPU lane's
-  thread waits on it before enqueueing.
+- host -> anything: a lock held until the host work has finished (the completion's gate); a GPU
+  lane's thread waits on it before enqueueing.
 
-In CPU mode every op is host work, so every completion is a plain `threading.Event`. Every wait
-polls a shared abort flag, so one failing lane stops the others instead of deadlocking them.
+In CPU mode every op is host work, so every completion is a plain gate. Every wait polls a
+shared abort flag, so one failing lane stops the others instead of deadlocking them.
+
+The gate is a bare `threading.Lock`, not a `threading.Event`: an Event's Condition appends a
+new lock per blocked wait to a deque of waiters, and CPython's deque moves along its 64-slot
+block as waiters come and go; an op that two threads wait on at once (a lane and the main
+thread) now and then crosses the block's end and takes a second 528-byte block, which the deque
+keeps. Over the first thousands of steps, that was host memory growing by a block per op of
+the graph (issue 14: ~30 B/step on tiny-llama, 1,757 ops). A lock wait allocates nothing.
 """
 
 from __future__ import annotations
@@ -38,11 +45,13 @@ class Completion:
     `start` on the op's first run and recorded again by every repetition of the graph, so a run
     makes no events after its first repetition (`reset` readies it for the next one)."""
 
-    __slots__ = ("event", "issued", "op_id", "start")
+    __slots__ = ("_gate", "event", "op_id", "start")
 
     def __init__(self, op_id: str) -> None:
         self.op_id = op_id
-        self.issued = threading.Event()  # host work done, or GPU work enqueued and recorded
+        # held until the host work is done, or the GPU work enqueued and recorded
+        self._gate = threading.Lock()
+        self._gate.acquire()
         self.start: torch.cuda.Event | None = None
         self.event: torch.cuda.Event | None = None
 
@@ -56,20 +65,23 @@ class Completion:
         return self.start, self.event
 
     def reset(self) -> None:
-        """Not done: the op runs again (its events, if any, are recorded again)."""
-        self.issued.clear()
+        """Not done: the op runs again (its events, if any, are recorded again). Only between
+        repetitions, when the op is done and nothing waits on it."""
+        if not self._gate.acquire(timeout=_POLL_S):  # a waiter may be between its take and give
+            raise RuntimeError(f"{self.op_id}: reset while not done")
 
     def mark_done(self) -> None:
         """Host work finished, or the op's end event recorded on its stream."""
-        self.issued.set()
+        self._gate.release()
 
     def wait_issued(self, abort: threading.Event, timeout_s: float, waiter: str) -> None:
         deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
-        while not self.issued.wait(_POLL_S):
+        while not self._gate.acquire(timeout=_POLL_S):
             if abort.is_set():
                 raise Aborted
             if deadline is not None and time.monotonic() > deadline:
                 raise WaitTimeout(f"{waiter} waited more than {timeout_s:g} s for {self.op_id}")
+        self._gate.release()  # open again for the op's other waiters
 
     def wait_host(self, abort: threading.Event, timeout_s: float, waiter: str) -> None:
         """Block this thread until the op's work (host or device) has finished."""
