@@ -5,7 +5,7 @@
 # profile, the host AdamW kernel not yet compiled), the second with both cached. Prints each
 # run's phase table (the summary's `startup` and `shutdown`, from `-v` timing) and the wall
 # time of the whole command; targets: command to first step <= 45 s, whole run <= 75 s.
-#   bash bench/device/h200_startup.sh        (from the repo root; carry .whl: simpy; $OUT set)
+#   [STARTUP_RUNS=cold] bash bench/device/h200_startup.sh   (from the repo root; carry .whl: simpy; $OUT set)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/simpy-*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -48,6 +48,5 @@ for part in ("startup", "shutdown"):
         print(f"  {part:9s} {k:42s} {v:8.2f}")
 EOF
 }
-run cold
-run warm
+for tag in ${STARTUP_RUNS:-cold warm}; do run "$tag"; done
 grep -h "INFO host AdamW\|INFO machine\|WARNING\|Error" "$OUT"/cold-log.txt "$OUT"/warm-log.txt | head -20
