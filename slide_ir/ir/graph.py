@@ -111,6 +111,7 @@ class UnitPlacement(StrEnum):
 
 
 LANE_KINDS = ("gpu", "h2d", "d2h", "cpu", "nvme", "net")
+_LANES_SEEN: set[str] = set()  # lane names `lane_kind` accepted
 
 
 def lane_kind(lane: str) -> str:
@@ -162,9 +163,11 @@ class Work:
     elements: int = 0  # parameters updated or cast
 
     def __post_init__(self) -> None:
-        for name in ("flops", "attn_flops", "bytes", "elements"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"Work.{name} must be >= 0, got {getattr(self, name)}")
+        if min(self.flops, self.attn_flops, self.bytes, self.elements) < 0:
+            name = next(
+                n for n in ("flops", "attn_flops", "bytes", "elements") if getattr(self, n) < 0
+            )
+            raise ValueError(f"Work.{name} must be >= 0, got {getattr(self, name)}")
         if self.attn_flops > self.flops:
             raise ValueError(f"Work.attn_flops ({self.attn_flops}) exceeds flops ({self.flops})")
 
@@ -191,7 +194,9 @@ class Op:
     def __post_init__(self) -> None:
         if self.id.split() != [self.id]:
             raise ValueError(f"op id {self.id!r} must be non-empty and contain no whitespace")
-        lane_kind(self.lane)
+        if self.lane not in _LANES_SEEN:  # a graph has a handful of lanes and thousands of ops
+            lane_kind(self.lane)
+            _LANES_SEEN.add(self.lane)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from slide_ir.ir.graph import Graph, GraphInfo, Op, OpKind, Pool, Value, Work
 
+NO_WORK = Work()  # an op that costs nothing (frozen: one shared instance)
+
 
 class PlanningError(RuntimeError):
     """A schedule asked for more slots than its pool holds: a bug in the schedule, not the input."""
@@ -68,16 +70,16 @@ class GraphBuilder:
                 out.append(slot)
                 if released_by:
                     dep_list.append(released_by)
-        release = tuple(s for s in release if s) + tuple(scratch_slots)
-        for slot in release:
-            pool = slot.rpartition(".")[0]
-            self._free[pool].append((slot, op_id))
-        placed: list[Value] = []
-        for v in writes:
-            if isinstance(v, Taken):
-                placed.append(Value(name=v.name, slot=slots[v.index], accumulate=v.accumulate))
-            elif v is not None:
-                placed.append(v)
+        freed = [s for s in release if s] + scratch_slots
+        for slot in freed:
+            self._free[slot.rpartition(".")[0]].append((slot, op_id))
+        placed = [
+            Value(name=v.name, slot=slots[v.index], accumulate=v.accumulate)
+            if isinstance(v, Taken)
+            else v
+            for v in writes
+            if v is not None
+        ]
         self.ops.append(
             Op(
                 id=op_id,
@@ -86,11 +88,11 @@ class GraphBuilder:
                 step=step,
                 unit=unit,
                 micro=self.micro,
-                work=work or Work(),
-                deps=tuple(dict.fromkeys(dep_list)),
+                work=work or NO_WORK,
+                deps=tuple(dict.fromkeys(dep_list)) if len(dep_list) > 1 else tuple(dep_list),
                 acquires=tuple(slots + scratch_slots),
-                releases=release,
-                reads=tuple(filter(None, reads)),
+                releases=tuple(freed),
+                reads=tuple([r for r in reads if r is not None]),
                 writes=tuple(placed),
             )
         )

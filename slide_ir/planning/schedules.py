@@ -69,10 +69,27 @@ class Ctx:
     # a third of their building time); the helpers below then return None, which emit drops
     values: bool = True
 
+    # per-build caches: the placement search builds a graph per candidate, and recomputing a
+    # layer's FLOPs or a unit's size for every op was a tenth of that time
+    _params: dict[int, int] = field(default_factory=dict)
+    _layer_work: dict[bool, Work] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         self.homes = unit_homes(self.b.pools)
         tokens = [p for p in self.b.pools if p.role == PoolRole.TOKENS]
         self.tokens_slot = slot_id(tokens[0].name, 0) if tokens else ""
+
+    def params(self, unit: int) -> int:
+        """`unit_params` of `unit`, computed once per build."""
+        if unit not in self._params:
+            self._params[unit] = unit_params(self.model, unit)
+        return self._params[unit]
+
+    def layer_work(self, *, backward: bool) -> Work:
+        """`layer_work` of this build's model and shape (every decoder layer's is the same)."""
+        if backward not in self._layer_work:
+            self._layer_work[backward] = layer_work(self.model, self.config, backward=backward)
+        return self._layer_work[backward]
 
     @property
     def n(self) -> int:
@@ -174,7 +191,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
             "gpu",
             step=step,
             unit=i,
-            work=layer_work(m, c, backward=False),
+            work=ctx.layer_work(backward=False),
             deps=[ctx.weights_ready.get(i)],
             acquire=["gpu_acts", "gpu_tapes"] if taped else ["gpu_acts"],
             scratch=["gpu_workspace"],
@@ -218,7 +235,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
 def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hook) -> None:
     """Layers n..1: (load input,) recompute, backward; then the embedding's backward.
     `before_layer(j)` issues prefetches; `after_bwd(u)` sends unit u's gradients on."""
-    m, c, b = ctx.model, ctx.config, ctx.b
+    b = ctx.b
 
     def oid(u: int, w: str) -> str:
         return ctx.oid(step, micro, u, w)
@@ -235,7 +252,7 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             "gpu",
             step=step,
             unit=j,
-            work=layer_work(m, c, backward=False),
+            work=ctx.layer_work(backward=False),
             deps=[ctx.weights_ready.get(j), ctx.act_ready.pop(j)],
             acquire=["gpu_workspace"],
             reads=[ctx.weights_read(j), ctx.at(oid(j, "x"), ctx.act_gpu[j])],
@@ -248,7 +265,7 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             "gpu",
             step=step,
             unit=j,
-            work=layer_work(m, c, backward=True),
+            work=ctx.layer_work(backward=True),
             acquire=["gpu_hidden_grads"],
             release=[ctx.workspace, ctx.act_gpu.pop(j), dx_in],
             reads=[ctx.weights_read(j), ctx.at(oid(j, "tape"), ctx.workspace),
@@ -273,7 +290,7 @@ def _taped_backward(ctx: Ctx, step: int, micro: int, j: int) -> None:
         "gpu",
         step=step,
         unit=j,
-        work=layer_work(ctx.model, ctx.config, backward=True),
+        work=ctx.layer_work(backward=True),
         deps=[ctx.weights_ready.get(j)],
         acquire=["gpu_hidden_grads"],
         scratch=["gpu_workspace"],
@@ -410,7 +427,7 @@ def device_update(ctx: Ctx, step: int, unit: int) -> str:
 
 
 def adam_work(ctx: Ctx, unit: int) -> Work:
-    p = unit_params(ctx.model, unit)
+    p = ctx.params(unit)
     return Work(elements=p, bytes=p * adam_bytes_per_param(ctx.config))
 
 
@@ -418,18 +435,18 @@ def gpu_adam_work(ctx: Ctx, unit: int) -> Work:
     """The GPU AdamW of a resident or streamed unit as the executor runs it: the host update's 28 B/param,
     plus the BF16 gradient's FP32 upcast through a temporary (written, then read: 8 B) and the
     BF16 weights re-read from the updated FP32 master (4 B more than the fused cast counted)."""
-    p = unit_params(ctx.model, unit)
+    p = ctx.params(unit)
     return Work(elements=p, bytes=p * (adam_bytes_per_param(ctx.config) + 3 * FP32))
 
 
 def grad_accum_work(ctx: Ctx, unit: int) -> Work:
     """Read the landed BF16 grads, read-modify-write the FP32 accumulator."""
-    p = unit_params(ctx.model, unit)
+    p = ctx.params(unit)
     return Work(elements=p, bytes=p * (BF16 + 2 * FP32))
 
 
 def param_bytes(ctx: Ctx, unit: int) -> int:
-    return unit_params(ctx.model, unit) * BF16
+    return ctx.params(unit) * BF16
 
 
 def unit_group(ctx: Ctx, unit: int) -> str:
@@ -462,7 +479,7 @@ class OptimizerIo:
 
     def _read(self, unit: int) -> None:
         ctx, d = self.ctx, self.ctx.drives
-        share = -(-unit_params(ctx.model, unit) * self.on_nvme // d)
+        share = -(-ctx.params(unit) * self.on_nvme // d)
         ids, slots = [], []
         for k in range(d):
             op_id = ctx.sid(self.step, unit, f"opt.read{k}")
@@ -524,7 +541,7 @@ class OptimizerIo:
         if not self.on_nvme:
             return
         ctx, d = self.ctx, self.ctx.drives
-        share = -(-unit_params(ctx.model, unit) * self.on_nvme // d)
+        share = -(-ctx.params(unit) * self.on_nvme // d)
         for k, slot in enumerate(self.staging.pop(unit)):
             ctx.b.emit(
                 ctx.sid(self.step, unit, f"opt.write{k}"),
