@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from simulator.dram import simulate_shared_dram
-from simulator.run import simulate_plan
+from slide.commands.sweep import simulate_points
 from slide_ir.ir.trace import trace_metrics
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.planner import plan
@@ -60,25 +60,27 @@ def one_run(repeat: int) -> None:
 
 
 def sweep() -> None:
-    """100 points: 5 models x 20 batches, each planned and simulated (3 steps)."""
+    """100 points: 5 models x 20 batches, each planned and simulated (3 steps), as `slide sweep`
+    runs them (`simulate_points`): in one process, then in one per core."""
     machine = load_machine(MACHINE)
     models = [
         load_model(m)
         for m in ("qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b")
     ]
-    batches = range(2, 42, 2)
-    t0 = time.perf_counter()
-    n = simulated = 0
-    for model in models:
-        for b in batches:
-            config = TrainConfig(batch=b, seq=1024, steps=3)
-            simulated += simulate_plan(model, machine, config).trace is not None
-            n += 1
-    dt = time.perf_counter() - t0
-    print(
-        f"sweep: {n} points (qwen2.5 3b..72b x batch 2..40, {simulated} fit and were simulated)"
-        f" in {dt:.2f} s, {dt / n * 1e3:.0f} ms per point (target < 30 s)"
-    )
+    points = [
+        (model, machine, TrainConfig(batch=b, seq=1024, steps=3), None)
+        for model in models
+        for b in range(2, 42, 2)
+    ]
+    for jobs in sorted({1, os.cpu_count() or 1}):
+        t0 = time.perf_counter()
+        rows = simulate_points(points, jobs=jobs)
+        dt = time.perf_counter() - t0
+        print(
+            f"sweep, {jobs} process{'es' if jobs > 1 else ''}: {len(rows)} points (qwen2.5 "
+            f"3b..72b x batch 2..40, {sum(r['feasible'] for r in rows)} fit and were simulated)"
+            f" in {dt:.2f} s, {dt / len(rows) * 1e3:.0f} ms per point (target < 30 s)"
+        )
 
 
 def main() -> None:

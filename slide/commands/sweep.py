@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -18,9 +21,9 @@ from tqdm import tqdm
 
 from simulator.run import simulate_plan
 from slide.commands.common import DEFAULT_MACHINE, DEFAULT_MODEL, add_train_config, train_config
-from slide_ir.specs.config import SCHEDULES
-from slide_ir.specs.hardware import load_machine
-from slide_ir.specs.model import load_model
+from slide_ir.specs.config import SCHEDULES, TrainConfig
+from slide_ir.specs.hardware import Machine, load_machine
+from slide_ir.specs.model import ModelSpec, load_model
 
 NAME = "sweep"
 HELP = "simulate a grid of batches / models / NVMe drives / schedules: a table, a plot on request"
@@ -39,7 +42,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedules", help=f"comma list of schedules ({', '.join(SCHEDULES)})")
     parser.add_argument("--plot", metavar="PNG", help="write a plot of the rows to this file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="processes simulating points side by side [this machine's cores]")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+Point = tuple[ModelSpec, Machine, TrainConfig, int | None]  # model, machine, config, drives
+
+
+def simulate_points(
+    points: list[Point], *, jobs: int, progress: bool = False
+) -> list[dict[str, Any]]:
+    """Each point planned (the placement search) and simulated, in order: in `jobs` processes
+    where there are several points, since points share nothing and the search is pure Python
+    (spawned, so that no thread of the caller is copied into them)."""
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    bar = {"desc": "sweep", "unit": "point", "disable": not progress, "total": len(points)}
+    if jobs == 1 or len(points) < 2:
+        return [simulate_point(p) for p in tqdm(points, **bar)]
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(jobs, len(points)), mp_context=spawn) as pool:
+        return list(tqdm(pool.map(simulate_point, points), **bar))
+
+
+def simulate_point(point: Point) -> dict[str, Any]:
+    model, machine, config, drives = point
+    return {"nvme_drives": drives, **simulate_plan(model, machine, config).summary()}
 
 
 def int_list(name: str, text: str) -> list[int]:
@@ -75,13 +104,11 @@ def run(args: argparse.Namespace) -> int:
     grid = list(
         itertools.product(axes["model"], axes["nvme_drives"], axes["schedule"], axes["batch"])
     )
-    rows = []
-    for model, drives, schedule, batch in tqdm(
-        grid, desc="sweep", unit="point", disable=args.no_progress
-    ):
-        config = replace(base, batch=batch, schedule=schedule)
-        row = simulate_plan(models[model], machines[drives], config).summary()
-        rows.append({"nvme_drives": drives, **row})
+    points = [
+        (models[model], machines[drives], replace(base, batch=batch, schedule=schedule), drives)
+        for model, drives, schedule, batch in grid
+    ]
+    rows = simulate_points(points, jobs=args.jobs, progress=not args.no_progress)
     x = next(
         (k for k in ("batch", "model", "nvme_drives", "schedule") if len(axes[k]) > 1), "batch"
     )

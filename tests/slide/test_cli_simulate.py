@@ -267,3 +267,13 @@ def test_largest_fitting_batch_agrees_with_plan(capsys, activations, placement):
     if activations == "auto" and placement == "small":  # the table says the same
         code, out, _ = run(capsys, "critical-batch", *flags, "--steps", "2")
         assert f"largest batch that fits:                {largest}\n" in out
+
+
+def test_sweep_in_processes_equals_one_process(capsys):
+    argv = ("sweep", *SMALL, "--batch", "2,4,8", "--steps", "2", "--json", "--no-progress")
+    code_one, one, _ = run(capsys, *argv, "--jobs", "1")
+    code_two, two, _ = run(capsys, *argv, "--jobs", "2")
+    assert code_one == code_two == 0
+    assert json.loads(two) == json.loads(one)  # same rows, same order
+    code, _, err = run(capsys, *argv, "--jobs", "0")
+    assert code == 2 and "--jobs must be >= 1, got 0" in err
