@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from slide.errors import UserError
-from slide.fileio import write_atomic
+from slide.fileio import fsync_path, write_atomic
 
 MARKER = ".slide-run"
 LOCK = ".slide-lock"
@@ -144,7 +144,7 @@ class RunDir:
         tmp.mkdir()
         try:
             hf_files = write(tmp)
-            _fsync_dir(tmp)
+            fsync_path(tmp)
             target = self.checkpoints / name
             if target.exists():  # a checkpoint of an abandoned continuation: set it aside
                 target.rename(self.checkpoints / f".tmp-replaced-{name}-{os.getpid()}")
@@ -152,9 +152,9 @@ class RunDir:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync_dir(self.checkpoints)
+        fsync_path(self.checkpoints)
         write_atomic(self.root / LATEST, f"{CHECKPOINTS}/{name}\n")
-        _fsync_dir(self.root)
+        fsync_path(self.root)
         self.lineage = [s for s in self.lineage if s != step] + [step]
         self._export(target, hf_files)
         self._prune()
@@ -175,7 +175,7 @@ class RunDir:
         for name in set(marker.get("exported", [])) - set(files):
             (self.root / name).unlink(missing_ok=True)
         write_atomic(self.root / MARKER, json.dumps({"exported": sorted(files)}))
-        _fsync_dir(self.root)
+        fsync_path(self.root)
 
     def _prune(self) -> None:
         keep = {step_dir_name(s) for s in self.lineage[-self.keep :]}
@@ -184,7 +184,7 @@ class RunDir:
             if stale or d.name.startswith(".tmp-replaced-"):
                 shutil.rmtree(d, ignore_errors=True)
         self.lineage = self.lineage[-self.keep :]
-        _fsync_dir(self.checkpoints)
+        fsync_path(self.checkpoints)
 
 
 def _check_writable(root: Path, *, overwrite: bool, resumed: tuple[Path, int] | None) -> list[int]:
@@ -211,11 +211,3 @@ def _check_writable(root: Path, *, overwrite: bool, resumed: tuple[Path, int] | 
             "removed once the new run has saved one)"
         )
     return []
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,4 +1,5 @@
-"""Atomic writes: a file is either its old content or its complete new content, never half."""
+"""Atomic writes: a file is either its old content or its complete new content, never half;
+and `fsync_path`, which puts a file's or a directory's writes on the disk."""
 
 from __future__ import annotations
 
@@ -22,3 +23,12 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync of a file or a directory (a directory: the names made, renamed or removed in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

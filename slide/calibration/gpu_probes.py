@@ -21,6 +21,7 @@ import torch
 
 from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_device, update_host
 from executor.buffers import HostMemory, OptState
+from slide.fileio import fsync_path
 from slide_ir.specs.model import ModelSpec
 
 HostUnit = tuple[torch.Tensor, list[Part], torch.Tensor]  # gradient, state parts, output
@@ -402,7 +403,7 @@ def nvme_rates(directory: Path, size_mb: int = 2048) -> dict[str, Figure]:
             t0 = time.perf_counter()
             for offset in transfers:
                 store.write(0, offset, buf)
-            _fsync(store.paths[0])
+            fsync_path(store.paths[0])  # a buffered fallback's writes, before the clock stops
         write = size_mb * MB / (time.perf_counter() - t0)
         t0 = time.perf_counter()
         for offset in transfers:
@@ -420,12 +421,3 @@ def nvme_rates(directory: Path, size_mb: int = 2048) -> dict[str, Figure]:
 
 
 NVME_TRANSFER_MB = 128  # about a 3B layer's inputs at batch 16 (100 MB); a unit's state is more
-
-
-def _fsync(path: Path) -> None:
-    """What a buffered fallback left in the page cache, on the disk before the clock stops."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
