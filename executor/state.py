@@ -97,12 +97,6 @@ def _moments(
     return pack(layout, optim, EXP_AVG), pack(layout, optim, EXP_AVG_SQ)
 
 
-def _fill(state: OptState, master: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
-    state.master.copy_(master)
-    state.m.copy_(m)
-    state.v.copy_(v)
-
-
 def load(
     env: Env, state: Mapping[str, torch.Tensor], optim: Mapping[str, torch.Tensor] | None
 ) -> None:
@@ -129,11 +123,15 @@ def _load_unit(
     mine = slice(shard.start, shard.end)
     if f"devopt.{unit}" in items:  # resident / gpu-only: everything on the device
         master = pack(layout, state)
-        m, v = _moments(layout, optim)
         dev = env.buffers[f"devopt.{unit}"]
         assert isinstance(dev, OptState)
-        _fill(dev, *(t[mine].to(env.device) for t in (master, m, v)))
-        env.buffers.gpu_unit(f"gpu.{unit}").w[: layout.numel].copy_(master)
+        dev.master.copy_(master[mine])
+        if optim is not None:  # fresh moments: zero as allocated, nothing to send
+            m, v = _moments(layout, optim)
+            dev.m.copy_(m[mine])
+            dev.v.copy_(v[mine])
+        whole = shard.numel == layout.numel  # the weights from the device copy, cast there
+        env.buffers.gpu_unit(f"gpu.{unit}").w[: layout.numel].copy_(dev.master if whole else master)
         return
     home = items.get(f"master.{unit}")  # None: the master lives on NVMe
     whole = shard.numel == layout.numel  # one rank: pack straight into the homes

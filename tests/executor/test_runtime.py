@@ -98,15 +98,18 @@ def test_on_step_stop_leaves_the_state_of_the_steps_done() -> None:
     assert_bitwise_equal(stopped, run_executor(False, steps=stopped.steps_done))
 
 
-def test_resume_equals_uninterrupted_run() -> None:
-    """Two calls (3 + 3 steps, weights, moments and step count handed over) = one of 6."""
+@pytest.mark.parametrize("resident", [0, 2])
+def test_resume_equals_uninterrupted_run(resident: int) -> None:
+    """Two calls (3 + 3 steps, weights, moments and step count handed over) = one of 6; with
+    resident units, their moments go to the device's state (fresh ones start there as zero)."""
     optim = AdamWConfig(lr=1e-3, schedule="cosine", warmup_steps=2, total_steps=6, weight_decay=0.1)
-    whole = run_executor(False, steps=6, train_kwargs={"optim": optim})
-    first = run_executor(False, steps=3, train_kwargs={"optim": optim})
+    whole = run_executor(False, steps=6, train_kwargs={"optim": optim}, resident=resident)
+    first = run_executor(False, steps=3, train_kwargs={"optim": optim}, resident=resident)
     second = run_executor(
         False,
         steps=3,
         first_batch=3,
+        resident=resident,
         train_kwargs={
             "optim": optim,
             "initial_state": first.final_state,
