@@ -127,8 +127,7 @@ class NvmeStore:
         except BaseException:
             self.close()
             raise
-        kind = backend if backend == "kvikio" else ("O_DIRECT" if self.direct else "buffered")
-        log.info("nvme: drive files %s (%s)", ", ".join(map(str, self.paths)), kind)
+        log.info("nvme: drive files %s (%s)", ", ".join(map(str, self.paths)), self.kind)
 
     def _extents(self, drive: int, slots: Iterable[int]) -> list[tuple[int, int]]:
         """(offset, bytes) of what drive `drive`'s file holds: all stripes, its act slots."""
@@ -150,6 +149,13 @@ class NvmeStore:
                 self.files.append(nvme_kvikio.KvikioFile(path))
             else:
                 self.files.append(nvme_io.open_drive(path, refused))
+
+    @property
+    def kind(self) -> str:
+        """How the files are read and written: kvikio, O_DIRECT or buffered."""
+        if self.backend == "kvikio":
+            return "kvikio"
+        return "O_DIRECT" if self.direct else "buffered"
 
     @property
     def direct(self) -> bool:

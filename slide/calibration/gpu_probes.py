@@ -409,11 +409,7 @@ def nvme_rates(directory: Path, size_mb: int = 2048) -> dict[str, Figure]:
         for offset in transfers:
             store.read(0, offset, buf)
         read = size_mb * MB / (time.perf_counter() - t0)
-        how = (
-            store.backend
-            if store.backend == "kvikio"
-            else ("O_DIRECT" if store.direct else "buffered")
-        )
+        how = store.kind
     finally:
         store.close()
     note = f"{size_mb} MiB sequential, {block // MB} MiB transfers, {how}"

@@ -17,6 +17,7 @@ releases it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Mapping
@@ -111,9 +112,9 @@ class UnitPlacement(StrEnum):
 
 
 LANE_KINDS = ("gpu", "h2d", "d2h", "cpu", "nvme", "net")
-_LANES_SEEN: set[str] = set()  # lane names `lane_kind` accepted
 
 
+@functools.cache  # a graph has a handful of lanes and thousands of ops
 def lane_kind(lane: str) -> str:
     """The lane's kind: `nvme0`, `nvme1` are lanes of kind `nvme` (one per drive)."""
     base = lane.rstrip("0123456789")
@@ -194,9 +195,7 @@ class Op:
     def __post_init__(self) -> None:
         if self.id.split() != [self.id]:
             raise ValueError(f"op id {self.id!r} must be non-empty and contain no whitespace")
-        if self.lane not in _LANES_SEEN:  # a graph has a handful of lanes and thousands of ops
-            lane_kind(self.lane)
-            _LANES_SEEN.add(self.lane)
+        lane_kind(self.lane)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
