@@ -54,8 +54,9 @@ def fwd(env: Env, lane: LaneState, op: Op) -> None:
         if u == 0:
             batch = env.take_batch(op.step, op.micro)
             tokens = env.buffers.tokens(op.writes[1])
-            tokens.ids.copy_(batch.ids, non_blocking=True)
-            tokens.labels.copy_(batch.labels, non_blocking=True)
+            tokens.ids.copy_(batch.tokens.ids, non_blocking=True)
+            tokens.labels.copy_(batch.tokens.labels, non_blocking=True)
+            batch.tokens.mark_uploaded()
             tokens.scale = batch.scale
             layers.embed(tokens.ids, views["embed.w"], out)
         elif len(op.writes) > 1:

@@ -22,6 +22,7 @@ from executor.layers import Rope
 from executor.layout import Shard, UnitLayout
 from executor.nvme import NvmeStore, StripeFormat
 from executor.ranks import Ranks
+from executor.staging import TokenSlot, TokenStaging
 from executor.tape import Tape
 from slide_ir.ir.graph import PoolRole, Value
 from slide_ir.specs.model import ModelSpec
@@ -33,8 +34,7 @@ _POLL_S = 0.05
 class MicroBatch:
     step: int
     micro: int
-    ids: torch.Tensor  # (B, S) int64, host
-    labels: torch.Tensor  # (B, S) int64, host, -100 = ignored
+    tokens: TokenSlot  # its ids and labels (-100 = ignored), in the engine's staging ring
     scale: float  # 1 / labelled tokens of the whole step: micro-batch losses sum to its mean
 
 
@@ -60,6 +60,7 @@ class Env:
     act_bytes: int  # bytes of one saved activation (B x S x H at the compute dtype)
     moments_bf16: bool = False
     clip_norm: float | None = None  # per-unit gradient clipping, from the plan's TrainConfig
+    staging: TokenStaging  # host slots the main thread stages micro-batches' tokens in
     batches: queue.Queue[MicroBatch] = field(default_factory=queue.Queue)
     nvme: NvmeStore | None = None
     stripes: StripeFormat | None = None

@@ -32,6 +32,7 @@ from executor.env import MicroBatch
 from executor.ranks import Ranks
 from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
+from executor.staging import TokenStaging
 from executor.state import ReadState
 from slide_ir.ir.graph import GraphInfo
 from slide_ir.planning.data_parallel import shard_plan
@@ -260,7 +261,7 @@ class _Repetition:
     def feed(self) -> None:
         self.fed += 1
         env, info = self.d.run_.env, self.d.p.graph.info
-        for mb in micro_batches(self.d.it, self.fed, info, self.base, env.cuda, env.ranks):
+        for mb in micro_batches(self.d.it, self.fed, info, self.base, env.staging, env.ranks):
             env.batches.put(mb)
 
     def run(self) -> None:
@@ -337,7 +338,12 @@ class _Repetition:
 
 
 def micro_batches(
-    it: Batches, step: int, info: GraphInfo, base: int, pin: bool, ranks: Ranks | None = None
+    it: Batches,
+    step: int,
+    info: GraphInfo,
+    base: int,
+    staging: TokenStaging,
+    ranks: Ranks | None = None,
 ) -> list[MicroBatch]:
     """The step's micro-batches, checked, each scaled by 1 / (labelled tokens of the step).
     Data parallel: the data holds the global batch, each rank takes its rows (`info` is the
@@ -364,16 +370,11 @@ def micro_batches(
     valid = sum(int((labels != -100).sum()) for _, labels in raw)
     if valid == 0:
         raise DataError(f"step {base + step}: no labelled token (all labels are -100)")
-    mine = [(ids[rows].contiguous(), labels[rows].contiguous()) for ids, labels in raw]
     return [
         MicroBatch(
-            step=step,
-            micro=m,
-            ids=ids.pin_memory() if pin else ids,
-            labels=labels.pin_memory() if pin else labels,
-            scale=1.0 / valid,
+            step=step, micro=m, tokens=staging.stage(ids[rows], labels[rows]), scale=1.0 / valid
         )
-        for m, (ids, labels) in enumerate(mine)
+        for m, (ids, labels) in enumerate(raw)
     ]
 
 

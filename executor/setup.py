@@ -25,6 +25,7 @@ from executor.layout import Shard, UnitLayout, shard_of, unit_layouts
 from executor.nvme import NvmeDirs, NvmeStore, StripeFormat, backend_for
 from executor.phases import Phases
 from executor.ranks import Ranks
+from executor.staging import TokenStaging
 from slide_ir.ir.graph import Graph, OpKind, PoolRole, Tier, UnitPlacement, lane_index
 from slide_ir.ir.trace import MemorySample
 from slide_ir.planning.planner import Plan
@@ -240,6 +241,8 @@ def build(
         grad_accum=info.grad_accum,
         loss_dev=torch.zeros(info.steps, dtype=torch.float32, device=device),
         loss_host=torch.zeros(info.steps, dtype=torch.float32, pin_memory=s.pin),
+        # two steps' micro-batches: the driver feeds one step ahead (executor/staging.py)
+        staging=TokenStaging((info.batch, info.seq), 2 * info.grad_accum, s.pin),
         step_t=torch.zeros((), dtype=torch.float32, device=device),
         abort=threading.Event(),
         act_bytes=act_bytes,

@@ -1,0 +1,62 @@
+"""The host buffers each micro-batch's token ids and labels wait in for their upload.
+
+A fixed ring of slots, allocated with the engine (pinned on CUDA), instead of a
+`Tensor.pin_memory()` per micro-batch: those took blocks from torch's caching host allocator
+every step, a block staying taken until its copy had run, so a slow step could grow that pool
+for good (the design's rule: the steady state allocates nothing; issue 14).
+
+Invariant: the driver feeds at most one step ahead of the step it waits for, and waits for a
+step's ops (device work included) before reporting it, so with two steps' micro-batches of
+slots a slot comes round again only after the forward that uploaded it has finished. On CUDA
+each slot's upload also records an event the next `stage` of that slot synchronises on, and a
+slot handed out but not yet uploaded is never reused: `stage` raises instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class TokenSlot:
+    ids: torch.Tensor  # (B, S) int64, host (pinned on CUDA)
+    labels: torch.Tensor  # (B, S) int64, host (pinned on CUDA)
+    uploaded: torch.cuda.Event | None  # recorded on the gpu lane's stream after the copies
+    waiting: bool = False  # handed to a micro-batch whose forward has not copied it yet
+
+    def mark_uploaded(self) -> None:
+        """Called by the forward that copied the slot, on the stream that copied it."""
+        if self.uploaded is not None:
+            self.uploaded.record()
+        self.waiting = False
+
+
+class TokenStaging:
+    """`slots` (ids, labels) pairs of `shape`, handed out in turn."""
+
+    def __init__(self, shape: tuple[int, int], slots: int, cuda: bool) -> None:
+        def host() -> torch.Tensor:
+            return torch.empty(shape, dtype=torch.int64, pin_memory=cuda)
+
+        self._slots = [
+            TokenSlot(host(), host(), torch.cuda.Event() if cuda else None) for _ in range(slots)
+        ]
+        self._next = 0
+
+    def stage(self, ids: torch.Tensor, labels: torch.Tensor) -> TokenSlot:
+        """The next slot, holding a copy of `ids` and `labels`."""
+        slot = self._slots[self._next]
+        if slot.waiting:
+            raise RuntimeError(
+                f"token staging slot {self._next} of {len(self._slots)} is still waiting for "
+                "its upload: the driver fed more than two steps ahead"
+            )
+        self._next = (self._next + 1) % len(self._slots)
+        if slot.uploaded is not None:
+            slot.uploaded.synchronize()  # its last upload has run (it has, by the invariant)
+        slot.ids.copy_(ids)
+        slot.labels.copy_(labels)
+        slot.waiting = True
+        return slot
