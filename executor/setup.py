@@ -68,13 +68,17 @@ class Run:
         """Host RSS and, on CUDA, the device memory allocated and reserved right now: what a
         long run's metrics follow to show that nothing grows. Also the caching allocator's
         retries so far: each one freed its cached blocks and synchronised the device, which a
-        GPU filled to its ledger pays for in step time."""
+        GPU filled to its ledger pays for in step time. And the bytes of torch's pinned host
+        pool (the engine's pinned buffers and anything else pinned through it), the part of
+        RSS a CUDA run could grow without malloc."""
         out = {"host_rss_bytes": _rss_bytes()}
         if self.env.cuda:
             out["gpu_allocated_bytes"] = torch.cuda.memory_allocated(self.env.device)
             out["gpu_reserved_bytes"] = torch.cuda.memory_reserved(self.env.device)
             stats = torch.cuda.memory_stats(self.env.device)
             out["gpu_alloc_retries"] = int(stats.get("num_alloc_retries", 0))
+            pinned = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+            out["host_pinned_pool_bytes"] = int(pinned)
         return out
 
     def extract(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -33,7 +33,12 @@ def main() -> None:
     series = {"step_time_s": np.array([r["step_time_s"] for r in steady])}
     sampled = [r for r in steady if "host_rss_bytes" in r]
     xs = np.array([r["step"] for r in sampled], dtype=float)
-    for key in ("host_rss_bytes", "gpu_allocated_bytes", "gpu_reserved_bytes"):
+    for key in (
+        "host_rss_bytes",
+        "host_pinned_pool_bytes",
+        "gpu_allocated_bytes",
+        "gpu_reserved_bytes",
+    ):
         if sampled and key in sampled[0]:
             series[key] = np.array([r[key] for r in sampled], dtype=float)
     summary = {k: slope(x if k == "step_time_s" else xs, v) for k, v in series.items()}

@@ -382,38 +382,41 @@ def host_ram_bytes() -> int:
 
 # -- NVMe ---------------------------------------------------------------------------------------
 def nvme_rates(directory: Path, size_mb: int = 2048) -> dict[str, Figure]:
-    """Sequential write then read of one drive file through the executor's own store (kvikio
-    on CUDA where it imports, O_DIRECT files otherwise), in transfers of `NVME_TRANSFER_MB`:
-    the steps move a unit's state or a layer's inputs (0.1-2.6 GB) in one call, and on the H200
-    machine's disk 16 MiB reads ran at 0.93 GB/s where the steps' reads ran at 1.39. The write
-    is timed on its second pass: a run writes its state files once at set-up and then
-    overwrites them every step, and on that disk a first write (blocks being allocated) ran at
-    1.54 GB/s where the steps' overwrites ran at 2.6."""
+    """Reads and writes of one drive file through the executor's own store (kvikio on CUDA
+    where it imports, O_DIRECT files otherwise), in transfers of `NVME_TRANSFER_MB`, taken in
+    turn as the nvme lane takes them: read a region written earlier, overwrite another. The
+    file is laid out first (two regions of `size_mb`), so every timed write overwrites, as the
+    steps' writes do after set-up. On the H200 machine's disk a first write ran at 1.54 GB/s
+    where the steps' overwrites ran at 2.6, and a read timed right after 4 GiB of writes ran at
+    0.91-1.32 GB/s where the same lease's steps read at 1.45-1.61."""
     from executor.nvme import NvmeStore, backend_for
     from executor.nvme_io import aligned_empty
 
     block = min(NVME_TRANSFER_MB, size_mb) * MB
-    transfers = range(0, size_mb * MB, block)
-    buf = aligned_empty(block, torch.uint8)
-    buf.random_(0, 256)
-    store = NvmeStore(directory, 1, {0: size_mb * MB}, backend=backend_for(torch.cuda.is_available()),
+    region = size_mb * MB
+    transfers = range(0, region, block)
+    src, dst = aligned_empty(block, torch.uint8), aligned_empty(block, torch.uint8)
+    src.random_(0, 256)
+    store = NvmeStore(directory, 1, {0: 2 * region}, backend=backend_for(torch.cuda.is_available()),
                       tag=f".calibrate-{os.getpid()}")  # fmt: skip
     try:
-        for _ in range(2):  # lay the file out, then time an overwrite
-            t0 = time.perf_counter()
-            for offset in transfers:
-                store.write(0, offset, buf)
-            fsync_path(store.paths[0])  # a buffered fallback's writes, before the clock stops
-        write = size_mb * MB / (time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        for offset in range(0, 2 * region, block):  # lay the file out
+            store.write(0, offset, src)
+        fsync_path(store.paths[0])
+        read_s = write_s = 0.0
         for offset in transfers:
-            store.read(0, offset, buf)
-        read = size_mb * MB / (time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            store.read(0, offset, dst)
+            t1 = time.perf_counter()
+            store.write(0, region + offset, src)
+            if offset + block >= region:  # a buffered fallback's writes, before the clock stops
+                fsync_path(store.paths[0])
+            read_s, write_s = read_s + t1 - t0, write_s + time.perf_counter() - t1
         how = store.kind
     finally:
         store.close()
-    note = f"{size_mb} MiB sequential, {block // MB} MiB transfers, {how}"
-    return {"read": Figure(read, note), "write": Figure(write, note + ", overwriting")}
+    note = f"{size_mb} MiB sequential, {block // MB} MiB transfers, {how}, reads and overwrites in turn"
+    return {"read": Figure(region / read_s, note), "write": Figure(region / write_s, note)}
 
 
 NVME_TRANSFER_MB = 128  # about a 3B layer's inputs at batch 16 (100 MB); a unit's state is more
