@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -41,27 +41,29 @@ class WaitTimeout(TimeoutError):
 
 
 class Completion:
-    """Done-ness of one op. `event` is its CUDA event when the op runs on a stream: made with
-    `start` on the op's first run and recorded again by every repetition of the graph, so a run
-    makes no events after its first repetition (`reset` readies it for the next one)."""
+    """Done-ness of one op. `start` and `event` are its CUDA events when the op runs on a
+    stream: made with the completion, before the graph's first run, and recorded again by every
+    repetition of the graph, so a run makes no events once it runs (`reset` readies the
+    completion for the next repetition)."""
 
     __slots__ = ("_gate", "event", "op_id", "start")
 
-    def __init__(self, op_id: str) -> None:
+    def __init__(self, op_id: str, on_stream: bool) -> None:
         self.op_id = op_id
         # held until the host work is done, or the GPU work enqueued and recorded
         self._gate = threading.Lock()
         self._gate.acquire()
         self.start: torch.cuda.Event | None = None
         self.event: torch.cuda.Event | None = None
-
-    def gpu_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-        """The (start, end) events a stream op records around its work."""
-        if self.start is None or self.event is None:
+        if on_stream:
             self.start = torch.cuda.Event(enable_timing=True)
             # blocking: a host waiting on it (the cpu lane on a gradient download, the main
             # thread at the step's end) sleeps instead of spinning on a core AdamW could use
             self.event = torch.cuda.Event(enable_timing=True, blocking=True)
+
+    def gpu_events(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        """The (start, end) events a stream op records around its work."""
+        assert self.start is not None and self.event is not None, f"{self.op_id} is not on a stream"
         return self.start, self.event
 
     def reset(self) -> None:
@@ -99,10 +101,11 @@ class Completion:
 
 
 class Completions:
-    """Completion objects by op id, made up front (a few hundred bytes per op)."""
+    """Completion objects by op id, made up front (a few hundred bytes per op, and two CUDA
+    events per op in `on_stream`)."""
 
-    def __init__(self, op_ids: Sequence[str]) -> None:
-        self._by_id = {op_id: Completion(op_id) for op_id in op_ids}
+    def __init__(self, op_ids: Sequence[str], on_stream: Collection[str] = ()) -> None:
+        self._by_id = {op_id: Completion(op_id, op_id in on_stream) for op_id in op_ids}
 
     def __getitem__(self, op_id: str) -> Completion:
         return self._by_id[op_id]

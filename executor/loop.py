@@ -28,7 +28,7 @@ import torch
 
 from executor import setup as setup_mod
 from executor import state as state_mod
-from executor.env import MicroBatch
+from executor.env import Env, MicroBatch
 from executor.ranks import Ranks
 from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
@@ -182,25 +182,17 @@ class Driver:
         )
 
     def run(self) -> Progress:
-        pr, graph, env = self.progress, self.p.graph, self.run_.env
-        lanes = Lanes(env, graph.lanes(), self.cpu_threads)
+        pr, env = self.progress, self.run_.env
+        lanes = Lanes(env, self.p.graph.lanes(), self.cpu_threads)
+        engines, ran = self._engines(env, 0), set[int]()
         shared: Shared | None = None
         try:
             while pr.done < self.steps and not pr.stop:
-                n = min(self.p.graph.info.steps, self.steps - pr.done)
-                if self.replan is not None and pr.done == 0:
-                    n = min(n, REPLAN_AFTER)
-                # a short pass (the re-plan's first, a run's last) or the whole graph after one
-                if graph.info.steps != n:
-                    graph = (
-                        self.p.graph
-                        if n == self.p.graph.info.steps
-                        else graph_plan(self.p, n, env.ranks).graph
-                    )
-                if shared is None or shared.graph is not graph:
-                    shared = make_shared(env, graph, pr.recorder)
-                else:
+                n = self._pass_steps(pr.done)
+                shared = engines[n]
+                if n in ran:
                     shared.rerun()
+                ran.add(n)
                 if not self._repeat(lanes, shared, n):
                     break
                 global_step = self.start_step + pr.done
@@ -214,10 +206,11 @@ class Driver:
                         lanes.stop(shared, abort=False)
                         shared = None
                         self.p, self.run_ = swap
-                        env, graph = self.run_.env, self.p.graph
+                        env = self.run_.env
                         if pr.done < self.window.first:
-                            self.trace_info = graph.info
-                        lanes = Lanes(env, graph.lanes(), self.cpu_threads)
+                            self.trace_info = self.p.graph.info
+                        lanes = Lanes(env, self.p.graph.lanes(), self.cpu_threads)
+                    engines, ran = self._engines(env, pr.done), set()  # the plan that goes on
         except BaseException as exc:
             if env.ranks is not None:  # tell the other ranks first: they may be waiting on us
                 env.ranks.settle(shared.error[0] if shared is not None and shared.error else exc)
@@ -228,6 +221,34 @@ class Driver:
             torch.cuda.synchronize(env.device)
         pr.recorder.resolve(pr.done)
         return pr
+
+    def _pass_steps(self, done: int) -> int:
+        """Steps of the pass that starts after `done` steps: the whole graph; the re-plan
+        check's first pass is shorter, and so is a run's last when the graph does not divide
+        what is left."""
+        n = min(self.p.graph.info.steps, self.steps - done)
+        return min(n, REPLAN_AFTER) if self.replan is not None and done == 0 else n
+
+    def _engines(self, env: Env, done: int) -> dict[int, Shared]:
+        """What each pass of the run from `done` on needs (its graph, completions, events),
+        by pass length, made now: the last pass's shorter graph planned at the run's end was
+        host memory taken in the steady state (4.9 MB for llama-3.2-1b's 58-step pass; issue
+        14). Before the re-plan check, only its pass: the check may choose another plan."""
+        lengths, at = dict[int, None](), done  # in the order the passes take them
+        while at < self.steps:
+            lengths[n := self._pass_steps(at)] = None
+            at += n
+            if self.replan is not None and done == 0:
+                break
+        full = self.p.graph.info.steps
+        return {
+            n: make_shared(
+                env,
+                self.p.graph if n == full else graph_plan(self.p, n, env.ranks).graph,
+                self.progress.recorder,
+            )
+            for n in lengths
+        }
 
     def _repeat(self, lanes: Lanes, shared: Shared, n: int) -> bool:
         """One pass over the graph; False when the run stopped inside it."""
@@ -252,9 +273,6 @@ class _Repetition:
 
     def __init__(self, d: Driver, shared: Shared, n: int) -> None:
         self.d, self.shared, self.n = d, shared, n
-        self.by_step: dict[int, list[str]] = {}
-        for op in shared.graph.ops:
-            self.by_step.setdefault(op.step, []).append(op.id)
         self.fed = self.reported = 0
         self.base = d.start_step + d.progress.done  # global steps before this repetition
 
@@ -270,13 +288,13 @@ class _Repetition:
             while not pr.stop and self.fed < min(step + 1, self.n) and not self.saving(step):
                 self.feed()
             try:
-                wait_ops(self.shared, self.by_step[step])
+                wait_ops(self.shared, self.shared.by_step[step])
             except KeyboardInterrupt:
                 if pr.stop:  # a second Ctrl-C: abort
                     raise
                 log.warning("interrupted: finishing the %d step(s) started", self.fed - step + 1)
                 pr.stop = pr.interrupted = True
-                wait_ops(self.shared, self.by_step[step])
+                wait_ops(self.shared, self.shared.by_step[step])
             self.report(step)
             if pr.stop and step == self.fed:
                 return

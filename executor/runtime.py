@@ -51,6 +51,7 @@ class Shared:
     recorder: Recorder
     knobs: knobs_mod.Knobs
     previous: dict[str, str]  # op id -> the op before it in the list (serial knob)
+    by_step: dict[int, list[str]]  # step -> its ops' ids: what the main thread waits on
     error: list[BaseException]
     error_lock: threading.Lock
 
@@ -76,7 +77,7 @@ class LaneWorker(threading.Thread):
     def __init__(self, lane: str, env: Env, knobs: knobs_mod.Knobs, cpu_threads: int | None):
         super().__init__(name=f"slide-{lane}", daemon=True)
         self.lane, self.env, self.cpu_threads = lane, env, cpu_threads
-        self.on_stream = env.cuda and lane_kind(lane) in GPU_LANE_KINDS
+        self.on_stream = env.cuda and lane_kind(lane) in GPU_LANE_KINDS  # as make_shared has it
         self.rng = random.Random(f"{knobs.delay_seed}:{lane}")
         self.state = LaneState(lane=lane)
         self.inbox: queue.Queue[Shared | None] = queue.Queue()
@@ -156,14 +157,23 @@ def _nvtx(name: str) -> Iterator[None]:
 
 
 def make_shared(env: Env, graph: Graph, recorder: Recorder) -> Shared:
+    """Everything a run of `graph` needs besides the lanes, made before it runs (its ops'
+    completions and CUDA events too)."""
     ops = graph.ops
+    by_step: dict[int, list[str]] = {}
+    for op in ops:
+        by_step.setdefault(op.step, []).append(op.id)
     return Shared(
         env=env,
         graph=graph,
-        completions=Completions([op.id for op in ops]),
+        completions=Completions(
+            [op.id for op in ops],
+            {op.id for op in ops if env.cuda and lane_kind(op.lane) in GPU_LANE_KINDS},
+        ),
         recorder=recorder,
         knobs=knobs_mod.from_env(),
         previous={b.id: a.id for a, b in itertools.pairwise(ops)},
+        by_step=by_step,
         error=[],
         error_lock=threading.Lock(),
     )
