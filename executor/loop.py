@@ -184,9 +184,9 @@ class Driver:
     def run(self) -> Progress:
         pr, env = self.progress, self.run_.env
         lanes = Lanes(env, self.p.graph.lanes(), self.cpu_threads)
-        engines, ran = self._engines(env, 0), set[int]()
         shared: Shared | None = None
         try:
+            engines, ran = self._engines(env, 0), set[int]()
             while pr.done < self.steps and not pr.stop:
                 n = self._pass_steps(pr.done)
                 shared = engines[n]
