@@ -12,16 +12,5 @@ OUT="$OUT/nvme" RUNS="activations moments" STEPS=3 timeout 300 bash bench/device
 grep -E "^# nvme|step time|tokens_per_s|step_time_error|Maximum resident|^[123] |== " "$OUT/nvme.txt"
 stamp nvme
 NO_BUNDLE=1 SOAK_STEPS=1024 SOAK_LIMIT=200 SOAK_SKIPS="200 400" bash bench/device/h200_soak_long.sh
-python3 - "$OUT/soak1b.jsonl" <<'PY'
-import json, sys
-prev = None
-for r in map(json.loads, open(sys.argv[1])):
-    if "host_rss_bytes" not in r:
-        continue
-    now = (r["host_rss_bytes"], r.get("host_pinned_pool_bytes"))
-    if now != prev:
-        print(r["step"], f"rss {now[0] / 1e6:.3f} MB", f"pinned pool {now[1]}", f"step {r['step_time_s']:.3f} s")
-    prev = now
-PY
 stamp all
 bundle
