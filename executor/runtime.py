@@ -52,6 +52,7 @@ class Shared:
     knobs: knobs_mod.Knobs
     previous: dict[str, str]  # op id -> the op before it in the list (serial knob)
     by_step: dict[int, list[str]]  # step -> its ops' ids: what the main thread waits on
+    by_lane: dict[str, tuple[Op, ...]]  # lane -> its ops in order: what its worker walks
     error: list[BaseException]
     error_lock: threading.Lock
 
@@ -102,7 +103,7 @@ class LaneWorker(threading.Thread):
                 if not ready:
                     self._setup()
                     ready = True
-                for op in shared.graph.lane_ops(self.lane):
+                for op in shared.by_lane[self.lane]:
                     self._run_op(op)
             except Aborted:
                 return
@@ -158,7 +159,7 @@ def _nvtx(name: str) -> Iterator[None]:
 
 def make_shared(env: Env, graph: Graph, recorder: Recorder) -> Shared:
     """Everything a run of `graph` needs besides the lanes, made before it runs (its ops'
-    completions and CUDA events too)."""
+    completions and CUDA events too), so that a pass allocates nothing on any thread."""
     ops = graph.ops
     by_step: dict[int, list[str]] = {}
     for op in ops:
@@ -174,6 +175,7 @@ def make_shared(env: Env, graph: Graph, recorder: Recorder) -> Shared:
         knobs=knobs_mod.from_env(),
         previous={b.id: a.id for a, b in itertools.pairwise(ops)},
         by_step=by_step,
+        by_lane={lane: graph.lane_ops(lane) for lane in graph.lanes()},
         error=[],
         error_lock=threading.Lock(),
     )
