@@ -41,6 +41,11 @@ log = logging.getLogger("executor.runtime")
 GPU_LANE_KINDS = ("gpu", "h2d", "d2h", "net")
 
 
+def on_stream(env: Env, lane: str) -> bool:
+    """Whether `lane`'s ops are enqueued on a CUDA stream (and so have CUDA events)."""
+    return env.cuda and lane_kind(lane) in GPU_LANE_KINDS
+
+
 @dataclass(kw_only=True)
 class Shared:
     """What all lane threads of one run share (read-only but for the error slot)."""
@@ -78,7 +83,7 @@ class LaneWorker(threading.Thread):
     def __init__(self, lane: str, env: Env, knobs: knobs_mod.Knobs, cpu_threads: int | None):
         super().__init__(name=f"slide-{lane}", daemon=True)
         self.lane, self.env, self.cpu_threads = lane, env, cpu_threads
-        self.on_stream = env.cuda and lane_kind(lane) in GPU_LANE_KINDS  # as make_shared has it
+        self.on_stream = on_stream(env, lane)
         self.rng = random.Random(f"{knobs.delay_seed}:{lane}")
         self.state = LaneState(lane=lane)
         self.inbox: queue.Queue[Shared | None] = queue.Queue()
@@ -169,7 +174,7 @@ def make_shared(env: Env, graph: Graph, recorder: Recorder) -> Shared:
         graph=graph,
         completions=Completions(
             [op.id for op in ops],
-            {op.id for op in ops if env.cuda and lane_kind(op.lane) in GPU_LANE_KINDS},
+            {op.id for op in ops if on_stream(env, op.lane)},
         ),
         recorder=recorder,
         knobs=knobs_mod.from_env(),
