@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import torch
 
@@ -106,6 +106,8 @@ class Completions:
 
     def __init__(self, op_ids: Sequence[str], on_stream: Collection[str] = ()) -> None:
         self._by_id = {op_id: Completion(op_id, op_id in on_stream) for op_id in op_ids}
+        if on_stream:
+            _create_cuda_events(self._by_id.values())
 
     def __getitem__(self, op_id: str) -> Completion:
         return self._by_id[op_id]
@@ -113,3 +115,18 @@ class Completions:
     def reset(self) -> None:
         for c in self._by_id.values():
             c.reset()
+
+
+def _create_cuda_events(completions: Iterable[Completion]) -> None:
+    """torch makes a CUDA event's driver object on its first record, not when the Python
+    object is made; recording every event once here, on a stream of its own, keeps that host
+    allocation out of the steady state (issue 14: RSS rose 1.3 MB at the start of a 3B run's
+    last pass, the first run of that pass's graph). A recorded event that is waited on or
+    queried before the op records it again reads as done, as a never-recorded one does."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for c in completions:
+            if c.event is not None:
+                for event in c.gpu_events():
+                    event.record()
+    stream.synchronize()

@@ -9,6 +9,8 @@
 #      metrics, peak RSS (/usr/bin/time -v) and the page cache (/proc/meminfo Cached) sampled
 #      every 2 s while it runs;
 #   3. `slide simulate` of the same run on the calibrated profile (predicted step time).
+# TRAIN_OUT=DIR gives each training `--out DIR`: its final save then runs inside the measured
+# peak RSS, as the ledger's final-save term assumes.
 # The drive files are O_DIRECT (executor/nvme_io.py); kvikio is used instead when its wheels are
 # carried in .whl (kvikio-cu13, libkvikio-cu13, rapids-logger; the image has cupy and cufile; the
 # backend shows in each run's .err "nvme:" line). Everything is bundled into $OUT/all.tgz at the
@@ -41,8 +43,10 @@ nvme_run() {  # TAG LIMIT FLAGS...: one training, its samples, and its predictio
   ( while sleep 2; do echo "$(date +%s) $(grep -E '^Cached:' /proc/meminfo | awk '{print $2}') kB cached, files $(du -sb /tmp/nvme | cut -f1) B, slide RSS $(ps -C python3 -o rss= | sort -n | tail -1) kB"; done ) > "$OUT/$tag-meminfo.txt" 2>&1 &
   local sampler=$! timer=()
   [ -x /usr/bin/time ] && timer=(/usr/bin/time -v)
+  local save=()
+  [ -n "${TRAIN_OUT:-}" ] && save=(--out "$TRAIN_OUT")
   timeout -s INT "$limit" ${timer[@]+"${timer[@]}"} python3 -m slide.cli -v train "${flags[@]}" --data /tmp/tok.npy \
-    --no-progress --log-every 1 --metrics "$OUT/$tag-train.jsonl" --save-trace "$OUT/$tag-measured.json" \
+    ${save[@]+"${save[@]}"} --no-progress --log-every 1 --metrics "$OUT/$tag-train.jsonl" --save-trace "$OUT/$tag-measured.json" \
     > "$OUT/$tag-train.json" 2> "$OUT/$tag-train.err"
   echo "rc=$?" >> "$OUT/$tag-train.err"
   kill "$sampler" 2>/dev/null
@@ -63,7 +67,7 @@ for run in ${RUNS:-optimizer}; do
     # and the NVMe files would stay empty
     optimizer) nvme_run optimizer 330 --optimizer nvme --resident 0 --streamed 0 ;;
     moments) nvme_run moments 200 --optimizer nvme-moments --resident 0 --streamed 0 ;;
-    activations) nvme_run activations 120 --activations nvme --keep-activations 0 ;;
+    activations) nvme_run activations "${ACTIVATIONS_LIMIT:-120}" --activations nvme --keep-activations 0 ;;
     *) echo "unknown run $run (optimizer, moments, activations)"; exit 2 ;;
   esac
 done

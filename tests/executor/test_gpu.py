@@ -169,3 +169,17 @@ def test_cuda_trace_obeys_its_graph(config: dict) -> None:
     result = _ours(config)
     assert result.trace.spans
     assert trace_violations(result.trace, graph, tolerance_s=1e-3) == []
+
+
+def test_completions_create_their_cuda_events_up_front() -> None:
+    """torch makes a CUDA event's driver object on its first record; completions record theirs
+    when made, so the first run of a pass's graph (the last pass's, in the steady state) creates
+    none. `cuda_event` is 0 until the driver object exists."""
+    from executor.completion import Completions
+
+    assert torch.cuda.Event(enable_timing=True).cuda_event == 0  # torch still creates lazily
+    completions = Completions(["h2d", "gpu", "cpu"], on_stream={"h2d", "gpu"})
+    for op_id in ("h2d", "gpu"):
+        assert all(event.cuda_event != 0 for event in completions[op_id].gpu_events())
+        assert completions[op_id].event.query()  # reads as done, as a never-recorded one does
+    assert completions["cpu"].event is None
