@@ -1,11 +1,10 @@
 """NVMe tier: one file per drive, read and written at planned offsets.
 
-Drive k's file is `nvme{k}.bin` in directory k mod (number of directories): give one directory
-per physical drive (`--nvme-dir` repeated) to spread the files, or one for all of them.
+Drive k's file and what it holds: `slide_ir.planning.drives` (the plan names them from there).
 
 I/O bypasses the page cache: O_DIRECT files (`nvme_io`: aligned regions and buffers, short
 transfers resumed, a buffered fallback that drops its pages where O_DIRECT is refused), or
-kvikio's CuFile (`nvme_kvikio`, on CUDA where it imports; untested here). Both release the GIL.
+kvikio's CuFile (`nvme_kvikio`, on CUDA where it imports). Both release the GIL.
 Layout of drive k's file (each region ALIGN-aligned, padded):
 
     [ optimizer stripe k of every NVMe-homed unit | saved-activation slots ]
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +29,9 @@ from executor import nvme_io, nvme_kvikio
 from executor.adam import Part
 from executor.buffers import OptState, stripe_numel
 from executor.nvme_io import align_up
+from slide_ir.planning.drives import NvmeDirs, drive_paths
 
 log = logging.getLogger("executor.nvme")
-NvmeDirs = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 
 class DriveFile(Protocol):
@@ -44,18 +42,6 @@ class DriveFile(Protocol):
     def read(self, offset: int, t: torch.Tensor) -> None: ...
     def write(self, offset: int, t: torch.Tensor) -> None: ...
     def close(self) -> None: ...
-
-
-def drive_paths(directories: NvmeDirs, drives: int, tag: str = "") -> list[Path]:
-    """Drive k's file: `nvme{k}{tag}.bin` in directories[k % len(directories)]; one path: all
-    there. `tag` tells ranks' files apart (`.rank1`)."""
-    if isinstance(directories, str | os.PathLike):
-        dirs = [Path(directories)]
-    else:
-        dirs = [Path(d) for d in directories]
-    if not dirs:
-        raise ValueError("nvme_dir: give at least one directory for the NVMe drive files")
-    return [dirs[k % len(dirs)] / f"nvme{k}{tag}.bin" for k in range(drives)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

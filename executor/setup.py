@@ -22,12 +22,13 @@ from executor.adam import AdamWConfig
 from executor.buffers import Buffers, Setup, allocate, stripe_bytes
 from executor.env import Env
 from executor.layout import Shard, UnitLayout, shard_of, unit_layouts
-from executor.nvme import NvmeDirs, NvmeStore, StripeFormat, backend_for
+from executor.nvme import NvmeStore, StripeFormat, backend_for
 from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.staging import TokenStaging
-from slide_ir.ir.graph import Graph, OpKind, PoolRole, Tier, UnitPlacement, lane_index
+from slide_ir.ir.graph import Graph, PoolRole, Tier, UnitPlacement
 from slide_ir.ir.trace import MemorySample
+from slide_ir.planning.drives import NvmeDirs, act_slots_by_drive
 from slide_ir.planning.planner import Plan
 
 
@@ -157,26 +158,12 @@ def _nvme(
         directories,
         drives,
         sizes,
-        act_slots=_act_slots(p.graph),
+        act_slots=act_slots_by_drive(p.graph),
         act_bytes=act_bytes,
         backend=backend_for(cuda),
         tag=f".rank{ranks.rank}" if ranks is not None else "",
     )
     return store, fmt
-
-
-def _act_slots(graph: Graph) -> dict[int, set[int]]:
-    """drive -> the NVMe activation slots its file holds (those written on its lane)."""
-    index = {slot: i for p in graph.pools if p.role == PoolRole.NVME_HIDDEN
-             for i, slot in enumerate(p.slot_ids())}  # fmt: skip
-    out: dict[int, set[int]] = {}
-    for op in graph.ops:
-        if op.kind != OpKind.NVME_WRITE:
-            continue
-        for slot in op.acquires:
-            if slot in index:
-                out.setdefault(lane_index(op.lane), set()).add(index[slot])
-    return out
 
 
 def shards(layouts: dict[int, UnitLayout], ranks: Ranks | None) -> dict[int, Shard]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from slide_ir.planning.advice import suggest_fixes
+from slide_ir.planning.drives import drive_contents, drive_paths
 from slide_ir.planning.ledger import REPORT_TIERS, build_ledger
 from slide_ir.planning.placement import PlacementChoice
 from slide_ir.planning.planner import Plan
@@ -116,7 +119,31 @@ def _alternatives(p: Plan, choice: PlacementChoice, step: float) -> list[str]:
     return out
 
 
-def render_plan(p: Plan) -> str:
+def _drive_lines(p: Plan, nvme_dirs: tuple[str, ...]) -> list[str]:
+    """Each drive's file and what it will hold, and the path the bytes take."""
+    drives = p.machine.nvme
+    where = nvme_dirs or Path(tempfile.gettempdir()) / "<a new directory>"
+    lines = [
+        f"      {path!s:48s} {held.bytes / GB:8.2f} GB (optimizer state "
+        f"{held.state_bytes / GB:.2f}, layer inputs {held.act_bytes / GB:.2f}) on {drive.name}"
+        for path, held, drive in zip(
+            drive_paths(where, len(drives)),
+            drive_contents(p.graph, len(drives)),
+            drives,
+            strict=True,
+        )
+    ]
+    gds = [d.name for d in drives if d.gds]
+    lines.append(
+        "      I/O: O_DIRECT between each file and pinned host buffers (kvikio's POSIX path on "
+        "CUDA where kvikio imports); no GPUDirect Storage"
+        + (f": {', '.join(gds)} has it, the executor does not use it yet" if gds else "")
+    )
+    return lines
+
+
+def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
+    """The plan as `slide plan` prints it; `nvme_dirs` (its --nvme-dir) names the drive files."""
     c, m, led = p.config, p.model, p.ledger
     lines = [
         f"{m.name} ({m.total_params / 1e9:.2f} B params, {m.num_layers} layers) on {p.machine.name}",
@@ -141,6 +168,8 @@ def render_plan(p: Plan) -> str:
         lines.append(f"{tier.upper():5s} {peak / GB:8.1f} GB of {cap / GB:.1f} GB{pinned}  {mark}")
         for label, size in led.breakdown(tier).items():
             lines.append(f"      {label:48s} {size / GB:8.2f} GB")
+        if tier == "nvme" and peak:
+            lines += _drive_lines(p, nvme_dirs)
     lines.append("")
     if led.feasible:
         lines.append("verdict: fits")

@@ -12,13 +12,15 @@ import numpy as np
 
 
 def slope(x: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """Least-squares slope of y over x with its 95% interval (normal approximation)."""
-    a = np.vstack([x, np.ones_like(x)]).T
-    coef, res, *_ = np.linalg.lstsq(a, y, rcond=None)
+    """Least-squares slope of y over x with its 95% interval (normal approximation). Both are
+    centred first: a series that never moves (GPU reserved: 84 GB at every sample) then fits
+    exactly zero instead of rounding noise of its size."""
+    xc, yc = x - x.mean(), y - y.mean()
+    sxx = float(np.sum(xc**2))
+    per_step = float(np.sum(xc * yc)) / sxx
     dof = max(len(x) - 2, 1)
-    sigma2 = float(res[0]) / dof if len(res) else 0.0
-    se = float(np.sqrt(sigma2 / np.sum((x - x.mean()) ** 2)))
-    return {"per_step": float(coef[0]), "ci95": 1.96 * se, "mean": float(y.mean())}
+    sigma2 = float(np.sum((yc - per_step * xc) ** 2)) / dof
+    return {"per_step": per_step, "ci95": 1.96 * float(np.sqrt(sigma2 / sxx)), "mean": float(y.mean())}
 
 
 def main() -> None:

@@ -9,7 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from slide.commands.common import add_model_machine, add_train_config, load_inputs, train_config
+from slide.commands.common import (
+    add_model_machine,
+    add_train_config,
+    load_inputs,
+    nvme_dirs,
+    train_config,
+)
 from slide.errors import UserError
 from slide.fileio import write_atomic
 from slide.report import plan_summary, render_plan
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan_summary(p), indent=2))
     else:
-        print(render_plan(p))
+        print(render_plan(p, nvme_dirs(args)))
         if args.out:
             print(f"plan written to {args.out}")
     return 0 if p.feasible else 1

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from slide_ir.ir.graph import Pool, Tier
 from slide_ir.ir.graph import PoolRole as R
+from slide_ir.planning.drives import act_pool, saved_per_drive
 from slide_ir.planning.zero_offload import (
     BUCKET_POOL,
     WHOLE_POOL,
@@ -196,7 +197,7 @@ def build_ledger(
         _zero_offload_terms(terms, model, config, drives)
     else:
         resident = resident_preference(model)
-        _gpu_only_terms(terms, model, config)
+        _gpu_only_terms(terms, model, config, drives)
     if config.schedule != "sliding":
         streamed = ()
     return Ledger(
@@ -280,10 +281,11 @@ def lce_chunk_tokens(model: ModelSpec, config: TrainConfig) -> int:
     return min(chunk, tokens)
 
 
-def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, drives: int) -> None:
     """Checkpointed layer inputs: all on the GPU, or a GPU window plus a CPU/NVMe home. The
     layers whose forward keeps its tape save no input: n - kept of them are saved (on the GPU,
-    the input and output of a kept layer's forward besides)."""
+    the input and output of a kept layer's forward besides). On NVMe each drive has its own
+    slots for the layers whose inputs go to it."""
     b, s, h = config.batch, config.seq, model.hidden_size
     n = model.num_layers - config.kept_tapes
     hidden = b * s * h * BF16
@@ -322,8 +324,10 @@ def _activation_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> N
             f"{config.act_buffers} x {what}",
             role=R.HOST_HIDDEN,
         )
-        terms.add("nvme_acts", Tier.NVME, n, hidden, "saved layer inputs (NVMe)", f"{n} x {what}",
-                  role=R.NVME_HIDDEN)  # fmt: skip
+        for drive, k in enumerate(saved_per_drive(n, drives)):
+            if k:
+                terms.add(act_pool(drive), Tier.NVME, k, hidden, "saved layer inputs (NVMe)",
+                          f"{k} x {what}", role=R.NVME_HIDDEN)  # fmt: skip
 
 
 def _optimizer_terms(
@@ -376,7 +380,7 @@ def _sliding_terms(
 ) -> None:
     n, mb = model.num_layers, config.moment_bytes
     _common_gpu_terms(terms, model, config)
-    _activation_terms(terms, model, config)
+    _activation_terms(terms, model, config, drives)
     sliding = [u for u in resident_preference(model) if u not in resident]
     sliding_layers = [u for u in sliding if 1 <= u <= n]
     host_updated = [u for u in sliding if u not in streamed]
@@ -504,7 +508,7 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
     # one parameter at a time on the compute stream, between layers: the workspace serves it
     flush = (big * 8, f", fp64 copy of the largest parameter's gradient = {big * 8 / 1e9:.2f} GB")
     _common_gpu_terms(terms, model, config, flush)
-    _activation_terms(terms, model, config)
+    _activation_terms(terms, model, config, drives)
     terms.add(
         "gpu_params",
         Tier.GPU,
@@ -562,11 +566,11 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
     _host_terms(terms)
 
 
-def _gpu_only_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+def _gpu_only_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, drives: int) -> None:
     """Everything on the GPU: 2+2+4+8 = 16 B per parameter plus activations (no offload)."""
     n_all, per = model.total_params, 2 * BF16 + FP32 + config.moment_bytes
     _common_gpu_terms(terms, model, config)
-    _activation_terms(terms, model, config)
+    _activation_terms(terms, model, config, drives)
     terms.add(
         "gpu_state",
         Tier.GPU,

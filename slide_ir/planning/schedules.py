@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work, slot_id
 from slide_ir.planning.builder import GraphBuilder, Taken
+from slide_ir.planning.drives import act_drive, act_pool
 from slide_ir.planning.ledger import BF16, FP32, adam_bytes_per_param, unit_params
 from slide_ir.planning.values import at, grads, micro_prefix, unit_homes, unit_value, weights
 from slide_ir.specs.config import TrainConfig
@@ -345,7 +346,7 @@ def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:
             unit=i,
             work=Work(bytes=hb),
             deps=[oid("act.save")],
-            acquire=["nvme_acts"],
+            acquire=[act_pool(act_drive(i, ctx.drives))],
             release=[slot],
             reads=[ctx.at(oid("x"), slot)],
             writes=[ctx.taken(oid("x"))],
@@ -412,8 +413,8 @@ def prefetch_activations(ctx: Ctx, step: int, micro: int, layer: int) -> None:
 
 
 def _drive(ctx: Ctx, layer: int) -> str:
-    """Activations go to drives round-robin by layer: whole tensors, no striping."""
-    return f"nvme{layer % ctx.drives}"
+    """The lane of the drive that holds a layer's saved input."""
+    return f"nvme{act_drive(layer, ctx.drives)}"
 
 
 def device_update(ctx: Ctx, step: int, unit: int) -> str:

@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from runs import assert_bitwise_equal, run_executor
+from runs import assert_bitwise_equal, graph_of, run_executor
 
-from executor.nvme import drive_paths
+from executor.nvme_io import align_up
+from slide_ir.ir.graph import PoolRole
+from slide_ir.planning.drives import drive_contents, drive_paths, saved_per_drive
 
 
 def test_drive_k_goes_to_directory_k_mod_n(tmp_path: Path) -> None:
@@ -39,3 +41,24 @@ def test_a_run_over_two_directories_equals_one_in_a_temporary_directory(tmp_path
         assert all(size > 0 for name, size in files["a"] + files["b"])
     assert not list(a.iterdir()) and not list(b.iterdir())  # removed when the run ends
     assert_bitwise_equal(spread, run_executor(False, **config))
+
+
+def test_each_file_holds_only_its_own_drives_saved_inputs(tmp_path: Path) -> None:
+    """Saved layer inputs go to drive (layer mod drives); each drive's file reserves slots for
+    those layers only, as the plan says (before: one pool for all drives, so every drive's file
+    reserved every slot: 2x the ledger's bytes on 2 drives)."""
+    config = {"activations": "nvme", "keep_activations": 0, "steps": 1}
+    graph = graph_of(False, drives=2, **config)
+    held = drive_contents(graph, 2)
+    saved = [p for p in graph.pools if p.role == PoolRole.NVME_HIDDEN]
+    assert sum(d.act_bytes for d in held) == sum(p.bytes for p in saved) > 0
+    assert [p.slots for p in saved] == saved_per_drive(sum(p.slots for p in saved), 2)
+    sizes = []
+
+    def look(*_: object) -> None:
+        sizes.append([p.stat().st_size for p in drive_paths(tmp_path, 2)])
+
+    run_executor(False, drives=2, train_kwargs={"nvme_dir": tmp_path, "on_step": look}, **config)
+    # CPU mode runs in FP32: a slot is twice the plan's BF16 bytes, each padded to ALIGN
+    slot = align_up(2 * saved[0].slot_bytes)
+    assert sizes == [[p.slots * slot for p in saved]]

@@ -319,3 +319,17 @@ def test_output_into_head_exits_quietly():
     assert slide.wait(timeout=60) == 0, err
     assert head.stdout == b"[\n"
     assert err == ""  # no traceback, no "Exception ignored ... BrokenPipeError"
+
+
+def test_plan_names_each_drive_file_and_its_bytes(capsys, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    argv = ("--optimizer", "nvme", "--activations", "nvme", "--resident", "0", "--streamed", "0")
+    code, out, err = run(capsys, "plan", *FITS, *argv, "--nvme-dir", str(a), "--nvme-dir", str(b))
+    assert code == 0, err
+    files = [line.split() for line in out.splitlines() if ".bin " in line]
+    assert [f[0] for f in files] == [str(a / "nvme0.bin"), str(b / "nvme1.bin")]
+    nvme_total = next(line.split()[1] for line in out.splitlines() if line.startswith("NVME"))
+    assert abs(sum(float(f[1]) for f in files) - float(nvme_total)) <= 0.02
+    assert "no GPUDirect Storage" in out

@@ -1,0 +1,90 @@
+"""The NVMe tier's files: drive k's path and what it holds. `slide plan` names them and the
+executor creates them, both from these functions, so a plan says where its bytes will go.
+
+Drive k's file is `nvme{k}.bin` in directory k mod (number of directories): one directory per
+physical drive (`--nvme-dir` repeated) spreads the files; one directory takes them all. Each file
+holds the k-th stripe of every NVMe-homed unit's optimizer state, then the saved-activation
+slots written on that drive's lane.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slide_ir.ir.graph import Graph, OpKind, PoolRole, lane_index
+
+NvmeDirs = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
+def drive_paths(directories: NvmeDirs, drives: int, tag: str = "") -> list[Path]:
+    """Drive k's file: `nvme{k}{tag}.bin` in directories[k % len(directories)]; one path: all
+    there. `tag` tells ranks' files apart (`.rank1`)."""
+    if isinstance(directories, str | os.PathLike):
+        dirs = [Path(directories)]
+    else:
+        dirs = [Path(d) for d in directories]
+    if not dirs:
+        raise ValueError("nvme_dir: give at least one directory for the NVMe drive files")
+    return [dirs[k % len(dirs)] / f"nvme{k}{tag}.bin" for k in range(drives)]
+
+
+def act_slots_by_drive(graph: Graph) -> dict[int, set[int]]:
+    """drive -> the NVMe activation slots its file holds (those written on its lane)."""
+    index = {slot: i for p in graph.pools if p.role == PoolRole.NVME_HIDDEN
+             for i, slot in enumerate(p.slot_ids())}  # fmt: skip
+    out: dict[int, set[int]] = {}
+    for op in graph.ops:
+        if op.kind != OpKind.NVME_WRITE:
+            continue
+        for slot in op.acquires:
+            if slot in index:
+                out.setdefault(lane_index(op.lane), set()).add(index[slot])
+    return out
+
+
+def act_drive(layer: int, drives: int) -> int:
+    """The drive a layer's saved input goes to: round-robin by layer (decoder layers count from
+    1), whole tensors, no striping."""
+    return layer % drives
+
+
+def act_pool(drive: int) -> str:
+    """The pool of a drive's activation slots: a slot per layer saved there, so a file holds
+    only its own layers' inputs (one pool for all drives let every slot land on every drive)."""
+    return f"nvme{drive}_acts"
+
+
+def saved_per_drive(saved_layers: int, drives: int) -> list[int]:
+    """How many of layers 1..saved_layers (those not keeping their tape) each drive holds."""
+    counts = [0] * drives
+    for layer in range(1, saved_layers + 1):
+        counts[act_drive(layer, drives)] += 1
+    return counts
+
+
+@dataclass(frozen=True, slots=True)
+class DriveContents:
+    """What one drive's file holds, before the executor's alignment padding."""
+
+    state_bytes: int  # its stripe of every NVMe-homed unit's optimizer state
+    act_bytes: int  # the saved layer inputs written on its lane
+
+    @property
+    def bytes(self) -> int:
+        return self.state_bytes + self.act_bytes
+
+
+def drive_contents(graph: Graph, drives: int) -> list[DriveContents]:
+    """Each drive's share: the state striped evenly, the activation slots where written."""
+    state = sum(p.bytes for p in graph.pools if p.role == PoolRole.NVME_STATE)
+    slot_bytes = max(
+        (p.slot_bytes for p in graph.pools if p.role == PoolRole.NVME_HIDDEN), default=0
+    )
+    slots = act_slots_by_drive(graph)
+    return [
+        DriveContents(-(-state // drives), len(slots.get(k, ())) * slot_bytes)
+        for k in range(drives)
+    ]
