@@ -20,7 +20,11 @@ def slope(x: np.ndarray, y: np.ndarray) -> dict[str, float]:
     per_step = float(np.sum(xc * yc)) / sxx
     dof = max(len(x) - 2, 1)
     sigma2 = float(np.sum((yc - per_step * xc) ** 2)) / dof
-    return {"per_step": per_step, "ci95": 1.96 * float(np.sqrt(sigma2 / sxx)), "mean": float(y.mean())}
+    return {
+        "per_step": per_step,
+        "ci95": 1.96 * float(np.sqrt(sigma2 / sxx)),
+        "mean": float(y.mean()),
+    }
 
 
 def main() -> None:
