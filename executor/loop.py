@@ -29,6 +29,7 @@ import torch
 from executor import setup as setup_mod
 from executor import state as state_mod
 from executor.env import Env, MicroBatch
+from executor.free_lists import fill_tuple_free_lists
 from executor.ranks import Ranks
 from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
@@ -336,6 +337,8 @@ class _Repetition:
             said = torch.tensor([int(stop or pr.stop)], dtype=torch.int64)
             stop = bool(env.ranks.sum_(said, "main")[0])
         pr.stop = pr.stop or stop
+        if pr.done == 1:  # the first step's one-time objects are made: the steady state begins
+            fill_tuple_free_lists()
 
     def _interval(self, now: float) -> dict[str, Any]:
         """Every `log_every` steps: tokens/s and each lane's busy share over those steps, and

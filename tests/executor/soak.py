@@ -30,8 +30,12 @@ def _rss() -> int:
 
 
 def _objects() -> tuple[int, int]:
-    """(the executor's per-op and per-step objects, every object the collector tracks)."""
-    gc.collect()
+    """(the executor's per-op and per-step objects, every object the collector tracks). No
+    collection first: a full one empties CPython's tuple free lists, which the run fills when
+    its steady state begins (executor/free_lists.py), and their refill would then be RSS
+    growth of the soak's making. The list of every object (~2 MB) is a glibc mmap whose free
+    raises glibc's mmap threshold, so that later allocations of that size come from the heap,
+    which grows once (1.3 MB on tiny-llama): the count is no part of the run's growth."""
     everything = gc.get_objects()
     return sum(type(o) in OWNED for o in everything), len(everything)
 
@@ -42,8 +46,10 @@ def main() -> None:
 
     def on_step(step, loss, lr, metrics):
         if step in (WARM, STEPS):
+            # RSS after the count at warm-up and before it at the end: see _objects
+            rss = _rss() if step == STEPS else None
             own, every = _objects()
-            seen[step] = {"rss": _rss(), "owned": own, "objects": every,
+            seen[step] = {"rss": rss or _rss(), "owned": own, "objects": every,
                           "threads": threading.active_count()}  # fmt: skip
 
     def data():
