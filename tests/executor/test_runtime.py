@@ -98,18 +98,24 @@ def test_on_step_stop_leaves_the_state_of_the_steps_done() -> None:
     assert_bitwise_equal(stopped, run_executor(False, steps=stopped.steps_done))
 
 
-@pytest.mark.parametrize("resident", [0, 2])
-def test_resume_equals_uninterrupted_run(resident: int) -> None:
+@pytest.mark.parametrize(
+    "config",
+    [{"resident": 0}, {"resident": 2}, {"optimizer": "nvme", "drives": 2, "resident": 1}],
+    ids=["sliding", "resident", "nvme"],
+)
+def test_resume_equals_uninterrupted_run(config: dict) -> None:
     """Two calls (3 + 3 steps, weights, moments and step count handed over) = one of 6; with
-    resident units, their moments go to the device's state (fresh ones start there as zero)."""
+    resident units, their moments go to the device's state (fresh ones start there as zero);
+    with the state on NVMe, the hand-over reads it out of the drive files and the second call
+    writes it back into new ones."""
     optim = AdamWConfig(lr=1e-3, schedule="cosine", warmup_steps=2, total_steps=6, weight_decay=0.1)
-    whole = run_executor(False, steps=6, train_kwargs={"optim": optim}, resident=resident)
-    first = run_executor(False, steps=3, train_kwargs={"optim": optim}, resident=resident)
+    whole = run_executor(False, steps=6, train_kwargs={"optim": optim}, **config)
+    first = run_executor(False, steps=3, train_kwargs={"optim": optim}, **config)
     second = run_executor(
         False,
         steps=3,
         first_batch=3,
-        resident=resident,
+        **config,
         train_kwargs={
             "optim": optim,
             "initial_state": first.final_state,
