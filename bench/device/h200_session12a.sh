@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Next session's first device call (under 9 minutes): issue 14's soak as the issue names it,
+# Session 12's first device call, and session 13's (under 9 minutes; run again after the tuple
+# free lists were filled after step 1): issue 14's soak as the issue names it,
 # llama-3.2-3b batch 16 with the defaults, 600 steps (0.61 s/step: the re-plan check's 6-step
 # pass, 9 whole 64-step passes, an 18-step last pass whose engine is made before the steady
 # state), RSS and the pinned host pool every 16 steps, fits from steps 200 and 400.

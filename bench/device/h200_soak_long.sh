@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 14 on the H200 (one device call, under 9 minutes): a soak long enough to pass the
-# bounded early growth of host RSS (CPython's tuple free lists filling to their cap, a malloc
-# arena's top: bench/RESULTS.md, session 10): SOAK_MODEL (default llama-3.2-1b, 0.24 s/step)
+# bounded early growth of host RSS (a malloc arena's top; CPython's tuple free lists, which the
+# executor fills after step 1 since session 12: bench/RESULTS.md, sessions 10 and 12): SOAK_MODEL (default llama-3.2-1b, 0.24 s/step)
 # batch 16 seq 1024 with the defaults, SOAK_STEPS steps (default 1,536: the re-plan check's
 # 6-step pass, 23 whole 64-step passes and a 58-step last pass, whose engine is made before the
 # steady state since session 11), the metrics every 16 steps with RSS and the pinned host pool
