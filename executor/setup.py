@@ -158,7 +158,7 @@ def _nvme(
         directories,
         drives,
         sizes,
-        act_slots=act_slots_by_drive(p.graph),
+        act_slots=act_slots_by_drive(p.graph, drives),
         act_bytes=act_bytes,
         backend=backend_for(cuda),
         tag=f".rank{ranks.rank}" if ranks is not None else "",

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slide_ir.ir.graph import Graph, OpKind, PoolRole, lane_index
+from slide_ir.ir.graph import Graph, PoolRole
 
 NvmeDirs = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
@@ -31,18 +31,10 @@ def drive_paths(directories: NvmeDirs, drives: int, tag: str = "") -> list[Path]
     return [dirs[k % len(dirs)] / f"nvme{k}{tag}.bin" for k in range(drives)]
 
 
-def act_slots_by_drive(graph: Graph) -> dict[int, set[int]]:
-    """drive -> the NVMe activation slots its file holds (those written on its lane)."""
-    index = {slot: i for p in graph.pools if p.role == PoolRole.NVME_HIDDEN
-             for i, slot in enumerate(p.slot_ids())}  # fmt: skip
-    out: dict[int, set[int]] = {}
-    for op in graph.ops:
-        if op.kind != OpKind.NVME_WRITE:
-            continue
-        for slot in op.acquires:
-            if slot in index:
-                out.setdefault(lane_index(op.lane), set()).add(index[slot])
-    return out
+def act_slots_by_drive(graph: Graph, drives: int) -> dict[int, range]:
+    """drive -> the NVMe activation slots its file holds: those of its own pool."""
+    pools = {p.name: p for p in graph.pools}
+    return {k: range(pools[act_pool(k)].slots) for k in range(drives) if act_pool(k) in pools}
 
 
 def act_drive(layer: int, drives: int) -> int:
@@ -78,13 +70,10 @@ class DriveContents:
 
 
 def drive_contents(graph: Graph, drives: int) -> list[DriveContents]:
-    """Each drive's share: the state striped evenly, the activation slots where written."""
+    """Each drive's share: the state striped evenly, its own pool of activation slots."""
+    pools = {p.name: p for p in graph.pools}
     state = sum(p.bytes for p in graph.pools if p.role == PoolRole.NVME_STATE)
-    slot_bytes = max(
-        (p.slot_bytes for p in graph.pools if p.role == PoolRole.NVME_HIDDEN), default=0
-    )
-    slots = act_slots_by_drive(graph)
     return [
-        DriveContents(-(-state // drives), len(slots.get(k, ())) * slot_bytes)
+        DriveContents(-(-state // drives), pools[act_pool(k)].bytes if act_pool(k) in pools else 0)
         for k in range(drives)
     ]
