@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 import torch
 
 _POLL_S = 0.05
+OnPoll = Callable[[], None] | None
 
 
 class Aborted(Exception):
@@ -76,18 +77,26 @@ class Completion:
         """Host work finished, or the op's end event recorded on its stream."""
         self._gate.release()
 
-    def wait_issued(self, abort: threading.Event, timeout_s: float, waiter: str) -> None:
+    def wait_issued(
+        self, abort: threading.Event, timeout_s: float, waiter: str, on_poll: OnPoll = None
+    ) -> None:
+        """`on_poll` runs each time the wait has lasted another `_POLL_S`, never with the gate
+        taken (the main thread's deferred Ctrl-C: see `executor.interrupts`)."""
         deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
         while not self._gate.acquire(timeout=_POLL_S):
+            if on_poll is not None:
+                on_poll()
             if abort.is_set():
                 raise Aborted
             if deadline is not None and time.monotonic() > deadline:
                 raise WaitTimeout(f"{waiter} waited more than {timeout_s:g} s for {self.op_id}")
         self._gate.release()  # open again for the op's other waiters
 
-    def wait_host(self, abort: threading.Event, timeout_s: float, waiter: str) -> None:
+    def wait_host(
+        self, abort: threading.Event, timeout_s: float, waiter: str, on_poll: OnPoll = None
+    ) -> None:
         """Block this thread until the op's work (host or device) has finished."""
-        self.wait_issued(abort, timeout_s, waiter)
+        self.wait_issued(abort, timeout_s, waiter, on_poll)
         if self.event is not None:
             self.event.synchronize()
 

@@ -30,6 +30,7 @@ from executor import setup as setup_mod
 from executor import state as state_mod
 from executor.env import Env, MicroBatch
 from executor.free_lists import fill_tuple_free_lists
+from executor.interrupts import DeferredInterrupts
 from executor.ranks import Ranks
 from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
@@ -168,6 +169,7 @@ class Driver:
         self.replan = replan
         self.start_step, self.on_step, self.saver = start_step, on_step, saver
         self.cpu_threads = cpu_threads
+        self.interrupts = DeferredInterrupts()
         recorder = Recorder(run.env.cuda, window)
         self.window = window
         self.trace_info = p.graph.info  # the graph the trace window's spans ran
@@ -183,6 +185,11 @@ class Driver:
         )
 
     def run(self) -> Progress:
+        """The run's passes; a Ctrl-C meanwhile lands only in a step's wait (see `interrupts`)."""
+        with self.interrupts:
+            return self._passes()
+
+    def _passes(self) -> Progress:
         pr, env = self.progress, self.run_.env
         lanes = Lanes(env, self.p.graph.lanes(), self.cpu_threads)
         shared: Shared | None = None
@@ -289,13 +296,13 @@ class _Repetition:
             while not pr.stop and self.fed < min(step + 1, self.n) and not self.saving(step):
                 self.feed()
             try:
-                wait_ops(self.shared, self.shared.by_step[step])
+                wait_ops(self.shared, self.shared.by_step[step], self.d.interrupts)
             except KeyboardInterrupt:
                 if pr.stop:  # a second Ctrl-C: abort
                     raise
                 log.warning("interrupted: finishing the %d step(s) started", self.fed - step + 1)
                 pr.stop = pr.interrupted = True
-                wait_ops(self.shared, self.shared.by_step[step])
+                wait_ops(self.shared, self.shared.by_step[step], self.d.interrupts)
             self.report(step)
             if pr.stop and step == self.fed:
                 return

@@ -31,6 +31,7 @@ from executor.adam import HostScratch
 from executor.completion import Aborted, Completions
 from executor.env import Env, LaneState
 from executor.handlers import HANDLERS
+from executor.interrupts import DeferredInterrupts
 from executor.recording import Recorder
 from slide_ir.ir.graph import Graph, Op, lane_kind
 
@@ -220,7 +221,11 @@ class Lanes:
             raise shared.error[0]
 
 
-def wait_ops(shared: Shared, op_ids: list[str]) -> None:
-    """Block the main thread until these ops have finished (host and device work)."""
+def wait_ops(shared: Shared, op_ids: list[str], interrupts: DeferredInterrupts) -> None:
+    """Block the main thread until these ops have finished (host and device work); a Ctrl-C
+    counted before or during the wait is handed on here (it may raise KeyboardInterrupt)."""
+    interrupts.deliver()
     for op_id in op_ids:
-        shared.completions[op_id].wait_host(shared.env.abort, shared.knobs.wait_timeout_s, "main")
+        shared.completions[op_id].wait_host(
+            shared.env.abort, shared.knobs.wait_timeout_s, "main", interrupts.deliver
+        )
