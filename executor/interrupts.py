@@ -18,6 +18,11 @@ from types import FrameType
 from typing import Any
 
 
+class AbortRun(KeyboardInterrupt):
+    """A Ctrl-C that means: stop now. The loop lets it through, where a plain KeyboardInterrupt
+    (the first one) lets the steps already started finish."""
+
+
 class DeferredInterrupts:
     """A context: SIGINT is counted inside it, and `deliver` runs the replaced handler once per
     count (where it raises, the caller's frame holds no lock). Outside the main thread, where

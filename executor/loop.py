@@ -30,7 +30,7 @@ from executor import setup as setup_mod
 from executor import state as state_mod
 from executor.env import Env, MicroBatch
 from executor.free_lists import fill_tuple_free_lists
-from executor.interrupts import DeferredInterrupts
+from executor.interrupts import AbortRun, DeferredInterrupts
 from executor.ranks import Ranks
 from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
@@ -297,8 +297,8 @@ class _Repetition:
                 self.feed()
             try:
                 wait_ops(self.shared, self.shared.by_step[step], self.d.interrupts)
-            except KeyboardInterrupt:
-                if pr.stop:  # a second Ctrl-C: abort
+            except KeyboardInterrupt as interrupt:
+                if pr.stop or isinstance(interrupt, AbortRun):  # a second Ctrl-C, or "abort"
                     raise
                 log.warning("interrupted: finishing the %d step(s) started", self.fed - step + 1)
                 pr.stop = pr.interrupted = True

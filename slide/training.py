@@ -27,6 +27,7 @@ import torch
 
 from executor import host_adam
 from executor.adam import AdamWConfig
+from executor.interrupts import AbortRun
 from executor.loop import graph_config, graph_plan
 from executor.phases import Phases, since_process_start
 from executor.ranks import Ranks
@@ -359,8 +360,8 @@ def _data(
 
 class _CtrlC:
     """SIGINT while training: the first asks the run to stop after the step in flight (and
-    save); a second, or one before the first step has finished, aborts (KeyboardInterrupt),
-    and later ones are ignored while the abort unwinds."""
+    save); a second, or one before the first step has finished, aborts (`AbortRun`, which the
+    step loop lets through), and later ones are ignored while the abort unwinds."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -391,7 +392,7 @@ class _CtrlC:
             return
         if self.requested or not self._armed:
             self._aborting = True
-            raise KeyboardInterrupt
+            raise AbortRun
         self.requested = True
         log.warning(
             "interrupted: finishing the step in flight, then saving (Ctrl-C again to abort)"

@@ -8,13 +8,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
+from types import FrameType, SimpleNamespace
 
 import pytest
 from runs import assert_bitwise_equal, graph_of, run_executor
 
 from executor.completion import Completion
-from executor.interrupts import DeferredInterrupts
+from executor.interrupts import AbortRun, DeferredInterrupts
 from executor.runtime import wait_ops
 
 STEPS = 6
@@ -77,6 +77,24 @@ def test_ctrl_c_as_a_steps_last_op_ends_stops_the_run_cleanly(
     assert stopped.steps_done < STEPS  # the steps already fed also finish
     monkeypatch.undo()
     assert_bitwise_equal(stopped, run_executor(False, steps=stopped.steps_done))
+
+
+def test_an_abort_in_a_steps_wait_ends_the_run_at_once(
+    monkeypatch: pytest.MonkeyPatch, python_sigint: None
+) -> None:
+    """`AbortRun` (what `slide train` raises for a Ctrl-C before the first step has finished,
+    or a second one) goes through the loop, where a plain KeyboardInterrupt finishes the steps."""
+
+    def abort(signum: int, frame: FrameType | None) -> None:
+        raise AbortRun
+
+    signal.signal(signal.SIGINT, abort)
+    monkeypatch.setenv("SLIDE_WAIT_TIMEOUT_S", "20")
+    last_of_step_1 = [op.id for op in graph_of(False, steps=STEPS).ops if op.step == 1][-1]
+    sent = _interrupt_as_done(monkeypatch, last_of_step_1)
+    with pytest.raises(AbortRun):
+        run_executor(False, steps=STEPS)
+    assert sent
 
 
 def test_a_ctrl_c_as_the_gate_opens_is_raised_after_the_wait_and_the_op_stays_done(
