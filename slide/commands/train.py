@@ -173,10 +173,9 @@ def _train(args: argparse.Namespace, request: TrainRequest, ranks: Ranks | None)
         summary = run_training(request, ranks)
     except (StopRun, KeyboardInterrupt) as stop:
         if isinstance(stop, KeyboardInterrupt) or stop.code == 130:
-            _exiting_after_ctrl_c()
+            _exiting()
         raise
-    if summary["interrupted"]:
-        _exiting_after_ctrl_c()
+    _exiting()
     if ranks is not None and not ranks.is_main:
         if summary["interrupted"]:
             raise StopRun("", code=130)  # rank 0 says what it saved
@@ -250,8 +249,10 @@ def _step_range(text: str) -> tuple[int, int]:
     return first, last
 
 
-def _exiting_after_ctrl_c() -> None:
-    """The user pressed Ctrl-C and the command is ending: a further one must not land in the
-    interpreter's shutdown (there it kills the process with SIGINT, or aborts it while torch's
-    threads unwind), so it is ignored from here to the exit."""
+def _exiting() -> None:
+    """The run is over (done, or stopped by Ctrl-C) and everything it writes is written: a
+    Ctrl-C from here can stop nothing, and in the interpreter's shutdown it would kill the
+    process with SIGINT (exit -2 after a run that succeeded: 8 of 216 tries with the signal
+    2.3-2.5 s into a 5-step tiny-llama run), or abort it while torch's threads unwind. So it
+    is ignored from here to the exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
