@@ -2,7 +2,11 @@
 nothing to finish, so it aborts; after it, the first stops the run after the step in flight, a
 second aborts, and later ones are ignored while the abort unwinds."""
 
+import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -31,3 +35,29 @@ def test_after_a_step_the_first_ctrl_c_stops_the_second_aborts_later_ones_are_ig
             signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)  # the abort is unwinding: ignored
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# `slide train` with 2 s of the interpreter's shutdown held open (atexit runs in it)
+SLOW_EXIT = ("import atexit, sys, time; atexit.register(time.sleep, 2.0); from slide.cli import "
+             "main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
+
+
+def test_a_ctrl_c_once_the_run_is_over_is_ignored(tmp_path, tokens) -> None:
+    """Sent after the summary is printed, as the process exits: it used to land in the
+    interpreter's shutdown (exit -2, or a KeyboardInterrupt traceback) after a run that had
+    succeeded."""
+    cmd = [sys.executable, "-c", SLOW_EXIT, "train", "--device", "cpu", "--batch", "2", "--seq",
+           "16", "--steps", "2", "--no-progress", "--data", tokens, "--out", str(tmp_path / "run")]  # fmt: skip
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.rstrip() == "}":  # the summary's last line
+                time.sleep(0.5)
+                proc.send_signal(signal.SIGINT)
+                break
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "KeyboardInterrupt" not in err
