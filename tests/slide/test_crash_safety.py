@@ -67,7 +67,8 @@ def _final_state(out: Path) -> dict[str, torch.Tensor]:
 
 
 def _start(trial: Trial, tokens: str) -> subprocess.Popen[str]:
-    env = os.environ | {"OMP_NUM_THREADS": "1", "SLIDE_SAVE_DELAY_MS": DELAY_MS}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "SLIDE_SAVE_DELAY_MS": DELAY_MS,
+                        "PYTHONFAULTHANDLER": "1"}  # fmt: skip
     return subprocess.Popen(
         [sys.executable, "-m", "slide.cli", *ARGS, "--data", tokens, "--out", str(trial.out)],
         env=env,
@@ -94,6 +95,16 @@ def _wait_for(proc: subprocess.Popen[str], ready, timeout: float = 60.0) -> bool
     return False
 
 
+def _finish(proc: subprocess.Popen[str], trial: Trial) -> str:
+    """The process's stderr once it has ended; one that hangs is aborted and fails the test
+    with every thread's stack (PYTHONFAULTHANDLER)."""
+    try:
+        return proc.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        pytest.fail(f"{trial.how} in {trial.out} hung; its stacks:\n{proc.communicate()[1]}")
+
+
 def _run_trial(trial: Trial, tokens: str, rng: random.Random) -> Trial:
     """One trial; a targeted kill whose run ended before the target was seen (a loaded
     machine's poll can miss a write) is tried again, in a fresh directory, up to 3 times."""
@@ -108,7 +119,7 @@ def _run_trial(trial: Trial, tokens: str, rng: random.Random) -> Trial:
         _wait_for(proc, lambda: (trial.out / "latest").exists())
         if _wait_for(proc, lambda: _writing(trial.out) == target):
             break
-        proc.communicate(timeout=120)
+        _finish(proc, trial)
         trial.out = trial.out.with_name(f"{trial.out.name}-again{attempt}")
     trial.published_before = (trial.out / "latest").exists()
     if trial.how.startswith("kill"):
@@ -120,7 +131,7 @@ def _run_trial(trial: Trial, tokens: str, rng: random.Random) -> Trial:
             time.sleep(rng.uniform(0.0, 0.3))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
-    _, trial.stderr = proc.communicate(timeout=120)
+    trial.stderr = _finish(proc, trial)
     trial.code = proc.returncode
     return trial
 
