@@ -252,7 +252,7 @@ def _step_range(text: str) -> tuple[int, int]:
 def _exiting() -> None:
     """The run is over (done, or stopped by Ctrl-C) and everything it writes is written: a
     Ctrl-C from here can stop nothing, and in the interpreter's shutdown it would kill the
-    process with SIGINT (exit -2 after a run that succeeded: 8 of 216 tries with the signal
+    process with SIGINT (exit -2 after a run that succeeded: 9 of 232 tries with the signal
     2.3-2.5 s into a 5-step tiny-llama run), or abort it while torch's threads unwind. So it
     is ignored from here to the exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

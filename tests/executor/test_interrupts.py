@@ -63,16 +63,21 @@ def _interrupt_as_done(monkeypatch: pytest.MonkeyPatch, op_id: str) -> list[bool
     return sent
 
 
+def _interrupt_as_step_1_ends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """`_interrupt_as_done` on step 1's last op; a lost gate fails the run in 20 s."""
+    monkeypatch.setenv("SLIDE_WAIT_TIMEOUT_S", "20")
+    last_of_step_1 = [op.id for op in graph_of(False, steps=STEPS).ops if op.step == 1][-1]
+    return _interrupt_as_done(monkeypatch, last_of_step_1)
+
+
 def test_ctrl_c_as_a_steps_last_op_ends_stops_the_run_cleanly(
     monkeypatch: pytest.MonkeyPatch, python_sigint: None
 ) -> None:
     """The run stops after the steps it had started, as an uninterrupted run of as many steps,
     instead of waiting forever (here: until the wait's 20 s limit) on the step's last op."""
-    monkeypatch.setenv("SLIDE_WAIT_TIMEOUT_S", "20")
-    last_of_step_1 = [op.id for op in graph_of(False, steps=STEPS).ops if op.step == 1][-1]
-    sent = _interrupt_as_done(monkeypatch, last_of_step_1)
+    sent = _interrupt_as_step_1_ends(monkeypatch)
     stopped = run_executor(False, steps=STEPS)
-    assert sent, f"{last_of_step_1} never ran"
+    assert sent, "step 1's last op never ran"
     assert stopped.interrupted
     assert stopped.steps_done < STEPS  # the steps already fed also finish
     monkeypatch.undo()
@@ -89,9 +94,7 @@ def test_an_abort_in_a_steps_wait_ends_the_run_at_once(
         raise AbortRun
 
     signal.signal(signal.SIGINT, abort)
-    monkeypatch.setenv("SLIDE_WAIT_TIMEOUT_S", "20")
-    last_of_step_1 = [op.id for op in graph_of(False, steps=STEPS).ops if op.step == 1][-1]
-    sent = _interrupt_as_done(monkeypatch, last_of_step_1)
+    sent = _interrupt_as_step_1_ends(monkeypatch)
     with pytest.raises(AbortRun):
         run_executor(False, steps=STEPS)
     assert sent
