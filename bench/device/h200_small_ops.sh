@@ -8,28 +8,12 @@
 #   carry [".clean"]; command: cd .clean && bash bench/device/h200_small_ops.sh
 source bench/device/h200_env.sh
 source bench/device/h200_kept_runs.sh
-train() {  # NAME SWITCH_INTERVAL_S ARGS...
-  local name=$1 switch=$2
-  shift 2
-  timeout 150 python3 -c "import sys; sys.setswitchinterval($switch); from slide.cli import main; \
-raise SystemExit(main(sys.argv[1:]))" train --no-progress --save-trace "$OUT/$name-trace.json" \
-    --metrics "$OUT/$name.jsonl" "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"
-  echo "rc=$?" >> "$OUT/$name.err"
-  python3 - "$OUT/$name.json" "$name" <<'PY'
-import json, sys
-text = open(sys.argv[1]).read()
-s = json.loads(text[text.index("{"):]) if "{" in text else {}
-print(f"{sys.argv[2]}: {s.get('tokens_per_s', 0):,.0f} tok/s, predicted {s.get('predicted_tokens_per_s')}, "
-      f"error {s.get('step_time_error')}, {s.get('placement')}, replan {s.get('replan', {}).get('factors')}")
-PY
-  tail -1 "$OUT/$name.err"
-  stamp "$name"
-}
-train tiny 0.005 --model tiny-llama --steps 40 --lr 3e-3
-train tiny-switch 0.0002 --model tiny-llama --steps 40 --lr 3e-3
-train tiny-gpu-only 0.005 --model tiny-llama --steps 40 --lr 3e-3 --schedule gpu-only
+source bench/device/h200_traced_train.sh
+traced_train tiny 0.005 --model tiny-llama --steps 40 --lr 3e-3
+traced_train tiny-switch 0.0002 --model tiny-llama --steps 40 --lr 3e-3
+traced_train tiny-gpu-only 0.005 --model tiny-llama --steps 40 --lr 3e-3 --schedule gpu-only
 tokens 3000000
-train 1b-b1 0.005 --model llama-3.2-1b --data /tmp/tok.npy --batch 1 --seq 128 --steps 24
-train 1b-b1-gpu-only 0.005 --model llama-3.2-1b --data /tmp/tok.npy --batch 1 --seq 128 --steps 24 --schedule gpu-only
+traced_train 1b-b1 0.005 --model llama-3.2-1b --data /tmp/tok.npy --batch 1 --seq 128 --steps 24
+traced_train 1b-b1-gpu-only 0.005 --model llama-3.2-1b --data /tmp/tok.npy --batch 1 --seq 128 --steps 24 --schedule gpu-only
 cp ~/.cache/slide/machines/*.toml "$OUT/" 2>/dev/null
 [ -n "${NO_BUNDLE:-}" ] || bundle

@@ -188,6 +188,69 @@ def gpu_adam_rate(elements: int = 64 * MB) -> Figure:
     return Figure(elements / seconds, f"executor device AdamW, {elements / 1e6:.0f}M elements")
 
 
+def dispatch_floors(
+    model: ModelSpec, tokens: int = 16, repeats: int = 20, device: str = "cuda"
+) -> dict[str, Figure]:
+    """The host's time to issue a decoder layer's forward (as the `fwd` op runs it: no autograd)
+    and its backward (as `bwd`, from a taped forward), and the loss's forward and backward, at
+    `model`'s shapes and `tokens` tokens: so little GPU work that the host's dispatch (Python,
+    autograd, Triton and CUDA launches) is the whole time. Seconds each (`device` "cpu": the
+    same calls, for the tests)."""
+    from executor.layers import decoder_layer, head_loss, make_rope
+    from executor.layout import layer_layout
+
+    dev, bf16 = torch.device(device), torch.bfloat16
+    sync = torch.cuda.synchronize if dev.type == "cuda" else lambda: None
+    layer = layer_layout(model, 1)
+    weights = torch.randn(layer.numel, device=dev, dtype=bf16) * 0.02
+    norm = torch.ones(model.hidden_size, device=dev, dtype=bf16)
+    lm = torch.randn(model.vocab_size, model.hidden_size, device=dev, dtype=bf16) * 0.02
+    rope = make_rope(model, tokens, dev, bf16)
+    x = torch.randn(1, tokens, model.hidden_size, device=dev, dtype=bf16)
+    labels = torch.randint(0, model.vocab_size, (1, tokens), device=dev)
+    out = torch.empty_like(x)
+
+    def leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
+        return [t.detach().requires_grad_() for t in tensors]
+
+    def fwd(_: object) -> None:
+        with torch.no_grad():
+            decoder_layer(x, layer.views(weights), model, rope, out=out)
+
+    def taped() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        views = layer.views(weights)
+        inputs = leaves(x, *views.values())
+        return decoder_layer(
+            inputs[0], dict(zip(views, inputs[1:], strict=True)), model, rope
+        ), inputs
+
+    def bwd(tape: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+        torch.autograd.backward(tape[0], torch.ones_like(tape[0]), inputs=tape[1])
+
+    def loss(_: object) -> None:
+        inputs = leaves(x, norm, lm)
+        value = head_loss(*inputs, labels, eps=model.rms_norm_eps, scale=1.0, chunk=None)
+        value.backward(inputs=inputs)
+
+    def host_median(run: Callable[[object], object], prepare: Callable[[], object]) -> float:
+        times = []
+        for _ in range(repeats + 2):  # the first two warm up
+            arg = prepare()
+            sync()
+            t0 = time.perf_counter()
+            run(arg)
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[2:])
+
+    how = f"{model.name} at 1 x {tokens} tokens, host clock around the op and a synchronize"
+    return {
+        "fwd": Figure(host_median(fwd, lambda: None), f"{how}: a decoder layer's no-grad forward"),
+        "bwd": Figure(host_median(bwd, taped), f"{how}: a decoder layer's backward"),
+        "loss": Figure(host_median(loss, lambda: None), f"{how}: final norm + fused LCE fwd+bwd"),
+    }
+
+
 # -- host link ------------------------------------------------------------------------------------
 def link_rates(size_mb: int = 1024) -> dict[str, Figure]:
     n = size_mb * MB

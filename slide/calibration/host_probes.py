@@ -40,7 +40,7 @@ from slide_ir.specs.model import load_model
 log = logging.getLogger(__name__)
 GIB = 1 << 30
 MIB = 1 << 20
-PROFILE_VERSION = 1  # part of every cache key: bump it when the probes change what they measure
+PROFILE_VERSION = 2  # part of every cache key: bump it when the probes change what they measure
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,6 +130,9 @@ CALIBRATE = ProbeSizes(
 # 6 s a run on a 2-core CPU-only box, ~1.5-2 s expected with the H200 host's 12 threads, so ~6 s
 # for the three; the cast, 32M elements: ~0.1 s. `run_probes` warns when the total overruns.
 AUTO_BUDGET_S = 20.0
+# The dispatch floors (`gpu_probes.dispatch_floors`) are timed on the smallest catalog model,
+# whose layer at 16 tokens is microseconds of GPU work: what is left is the host's issuing.
+FLOOR_MODEL = "tiny-llama"
 AUTO = ProbeSizes(
     model="llama-3.1-8b", matmul_tokens=8192, attention_batch=4, attention_seq=2048, hbm_mb=1024,
     lce_tokens=8192, elementwise_tokens=16384, gpu_adam_elements=64 * MIB, link_mb=256,
@@ -156,6 +159,7 @@ def probe_table(
         "lce": lambda: cal.lce_rate(model, s.lce_tokens),
         "elementwise": lambda: cal.elementwise_rate(model, s.elementwise_tokens),
         "gpu_adam": lambda: cal.gpu_adam_rate(s.gpu_adam_elements),
+        "floors": lambda: cal.dispatch_floors(load_model(FLOOR_MODEL)),
         "link": lambda: cal.link_rates(s.link_mb),
         "adam_all": lambda: cal.adam_rate(threads, unit),
         "adam_half": lambda: cal.adam_rate(max(1, threads // 2), unit),
@@ -197,7 +201,7 @@ def profile(
     drive (when `got` has an "nvme" probe) is the one holding `nvme_dir`."""
     peak, peak_source = _datasheet_peak(host.gpu, got["matmul"].value / 1e12)
     adam_all, adam_half, loaded = got["adam_all"], got["adam_half"], got["adam_under_dma"]
-    half, link, cores = adam_half.threads, got["link"], host.cores
+    half, link, cores, floors = adam_half.threads, got["link"], host.cores, got["floors"]
     gpu = Gpu(
         name=_slug(host.gpu),
         memory_bytes=host.gpu_memory_bytes,
@@ -208,6 +212,7 @@ def profile(
         lce_logits_per_s=got["lce"].value,
         elementwise_bytes_per_s=got["elementwise"].value,
         adam_elems_per_s=got["gpu_adam"].value,
+        **{field: floors[k].value for k, field in _FLOOR_FIELDS.items()},
     )
     # A per-core rate from the half-core run and a DRAM bound from the all-core run (28 B/elem):
     # rate(threads) = min(threads * per_core, dram / 28) reproduces both measurements.
@@ -229,6 +234,7 @@ def profile(
         "gpu.lce_logits_per_s": got["lce"].note,
         "gpu.elementwise_bytes_per_s": got["elementwise"].note,
         "gpu.adam_elems_per_s": got["gpu_adam"].note,
+        **{f"gpu.{field}": floors[k].note for k, field in _FLOOR_FIELDS.items()},
         **{f"link.{k}_bytes_per_s": link[k].note for k in _LINK_KEYS},
         "cpu.cores": "os.sched_getaffinity",
         "cpu.simd": "not probed",
@@ -253,6 +259,7 @@ def profile(
     )
 
 
+_FLOOR_FIELDS = {"fwd": "layer_fwd_floor_s", "bwd": "layer_bwd_floor_s", "loss": "loss_floor_s"}
 _LINK_KEYS = ("h2d", "d2h", "duplex", "pageable_h2d", "pageable_d2h")
 _DRIVE_KEYS = ("read_bytes_per_s", "write_bytes_per_s", "capacity_bytes", "gds")
 

@@ -39,7 +39,8 @@ Roofline style, one handler per `OpKind` (a test checks the table covers every k
 
 Every rate is multiplied by a named efficiency factor (`Efficiency`) that `slide calibrate` fits
 from measured traces; each op also pays a fixed `launch_s` (kernel launch / copy setup / thread
-hand-off) so that thousands of tiny ops are not free. The machine is read through attributes only
+hand-off) so that thousands of tiny ops are not free, and a GPU layer op takes at least the
+profile's floor for its kind (`CostModel.floor`: the host's time to issue its kernels). The machine is read through attributes only
 (`machine.gpu.bf16_matmul_tflops`, ...), so any object shaped like `slide_ir.specs.hardware.Machine`
 works.
 """
@@ -123,7 +124,28 @@ class CostModel:
         self.rates = _resolve(machine, cpu_threads, self.efficiency, nproc)
 
     def seconds(self, op: Op) -> float:
-        return self.efficiency.launch_s + HANDLERS[op.kind](self, op)
+        return self.efficiency.launch_s + max(HANDLERS[op.kind](self, op), self.floor(op))
+
+    def floor(self, op: Op) -> float:
+        """The host's time to issue `op`'s kernels (0 where the profile has none): a decoder
+        layer's forward, recompute or backward (the ops that run attention) and the loss. At
+        small shapes it, not the rates, sets the op's time: a tiny-llama layer runs in ~10 us of
+        GPU time but takes ~1 ms to issue (bench/RESULTS.md, session 14)."""
+        gpu = self.machine.gpu
+        if op.kind == OpKind.LOSS:
+            floor = getattr(gpu, "loss_floor_s", None)
+        elif op.kind in (OpKind.FWD, OpKind.RECOMPUTE) and op.work.attn_flops:
+            floor = getattr(gpu, "layer_fwd_floor_s", None)
+        elif op.kind == OpKind.BWD and op.work.attn_flops:
+            floor = getattr(gpu, "layer_bwd_floor_s", None)
+        else:
+            floor = None
+        return floor or 0.0
+
+    def fixed_seconds(self, op: Op) -> float:
+        """The part of `seconds(op)` that no rate scales: the launch, and the floor where it
+        exceeds the rate's time (`slide_ir.planning.refit` fits rates only to the rest)."""
+        return self.efficiency.launch_s + max(0.0, self.floor(op) - HANDLERS[op.kind](self, op))
 
     def seconds_under_dma(self, op: Op, dma_load: float) -> float:
         """`seconds`, with a host AdamW priced beside `dma_load` (0 to 1) of the link's full
@@ -160,9 +182,13 @@ class CostModel:
             "nvme_write_bytes_per_s": list(r.nvme_write),
             "cpu_threads": self.threads,
             "launch_s": self.efficiency.launch_s,
+            **{f: getattr(self.machine.gpu, f, None) for f in _FLOORS},
             # the net lane's rate and the ranks sharing the host (single-GPU traces unchanged)
             **({"peer_bytes_per_s": r.peer, "nproc": self.nproc} if self.nproc > 1 else {}),
         }
+
+
+_FLOORS = ("layer_fwd_floor_s", "layer_bwd_floor_s", "loss_floor_s")
 
 
 def _resolve(machine: Any, threads: int | None, eff: Efficiency, nproc: int = 1) -> _Rates:

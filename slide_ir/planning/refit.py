@@ -4,7 +4,8 @@ A plan is as good as the profile it was priced with, and a profile measured else
 preset, another machine of the kind, a host busy with something else) can be off by 15% or more
 on one lane while right on the others; the plan it gives then slides, streams or keeps the wrong
 units. After the first steady steps of a run, each lane kind's measured busy time is set against
-what the profile predicts for the same ops (`lane_factors`: measured / predicted); every rate of
+what the profile predicts for the same ops (`lane_factors`: measured / predicted), for the lanes
+whose predicted time is mostly rate-bound (`fixed_shares`); every rate of
 that lane's part of the machine is divided by its factor (`refit_machine`), and the placement
 search runs again on the re-fit profile, under the same memory budget (`replan`). The running
 plan is kept unless the new choice is predicted at least `MIN_GAIN` faster than it on that same
@@ -26,6 +27,10 @@ from slide_ir.specs.hardware_parts import Machine, freeze_sources
 
 MIN_GAIN = 0.03  # re-plan when the new choice is predicted this much faster (share of a step)
 FACTOR_RANGE = (0.1, 10.0)  # a lane measured outside this is a fault, not a rate: left alone
+# A lane whose predicted time is at least this share fixed cost (launches, dispatch floors) says
+# nothing about its rates: batch 1 x seq 128 of llama-3.2-1b measured its GPU lane at 3.3x the
+# rates' time, which would have cut the cached profile's GPU rates 3.3-fold (session 14).
+MAX_FIXED_SHARE = 0.5
 P = TypeVar("P")
 
 
@@ -58,6 +63,20 @@ def predicted_busy(p: Plan, steps: set[int]) -> dict[str, float]:
             kind = lane_kind(s.lane)
             busy[kind] = busy.get(kind, 0.0) + s.duration
     return busy
+
+
+def fixed_shares(p: Plan, steps: set[int]) -> dict[str, float]:
+    """Per lane kind, the share of `p`'s predicted op time over `steps` that no rate scales
+    (`CostModel.fixed_seconds`)."""
+    costs = CostModel(p.machine, cpu_threads=p.config.cpu_threads)
+    fixed: dict[str, float] = {}
+    total: dict[str, float] = {}
+    for op in p.graph.ops:
+        if op.step in steps:
+            kind = lane_kind(op.lane)
+            fixed[kind] = fixed.get(kind, 0.0) + costs.fixed_seconds(op)
+            total[kind] = total.get(kind, 0.0) + costs.seconds(op)
+    return {kind: fixed[kind] / seconds for kind, seconds in total.items() if seconds > 0}
 
 
 def lane_factors(measured: Mapping[str, float], predicted: Mapping[str, float]) -> dict[str, float]:
@@ -136,7 +155,12 @@ def replan(
     """Whether `running` (a plan of `request`, its "auto" choices unresolved) should give way
     to the search's choice on the profile re-fit from `measured` (busy seconds per lane over
     `steps` of `running.graph`). The new plan has `running`'s steps."""
-    factors = lane_factors(measured, predicted_busy(running, steps))
+    shares = fixed_shares(running, steps)
+    factors = {
+        kind: factor
+        for kind, factor in lane_factors(measured, predicted_busy(running, steps)).items()
+        if shares.get(kind, 0.0) < MAX_FIXED_SHARE
+    }
     machine = refit_machine(running.machine, factors)
     costs = CostModel(machine, cpu_threads=running.config.cpu_threads)
     running_s = predict_step_s(running.graph, costs)

@@ -97,6 +97,12 @@ class Gpu:
     # NCCL's ring collectives reach it (None: no such link, peers talk over PCIe; see
     # `Machine.peer_bytes_per_s`)
     nvlink_bytes_per_s: float | None = _toml("nvlink_gb_per_s", G, default=None)
+    # Host time to issue one op's kernels (Python, autograd, Triton and CUDA launches), a floor
+    # under its GPU time that no rate above describes: what a decoder layer's forward (and
+    # recompute), its backward and the fused loss take at a tiny shape (None: no floor)
+    layer_fwd_floor_s: float | None = None
+    layer_bwd_floor_s: float | None = None
+    loss_floor_s: float | None = None
 
     def __post_init__(self) -> None:
         _validate(self)

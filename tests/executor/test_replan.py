@@ -4,6 +4,7 @@ then chooses when it is predicted >= 3% faster; the training itself does not cha
 
 from __future__ import annotations
 
+import pytest
 from runs import STEPS, B, S, assert_bitwise_equal, assert_matches_reference, run_executor
 
 from executor import loop
@@ -87,3 +88,30 @@ def test_the_summary_counts_the_steps_after_the_check_and_its_step():
     assert train_mod.steady_from(after + 6, after) == after + 2  # the check's step is left out
     assert train_mod.steady_from(after + 1, after) == 2  # no step after the check's: all but 1
     assert train_mod.steady_from(5, None) == 2  # no re-planning: every step after the first
+
+
+def test_a_lane_bound_by_fixed_costs_is_not_refit():
+    """llama-3.2-1b at batch 1 x seq 128 on a profile with dispatch floors: its GPU lane is
+    mostly floors, so a measurement of 3.3x the prediction (as the H200 gave before the floors
+    were modelled) says nothing about the GPU's rates and is not fitted; at batch 16 x 1024 the
+    same lane is rate-bound and is."""
+    from dataclasses import replace
+
+    from slide_ir.planning.planner import plan
+    from slide_ir.specs.model import load_model
+
+    m = load_machine("h200-16c-128g")
+    m = replace(m, gpu=replace(m.gpu, layer_fwd_floor_s=1e-3, layer_bwd_floor_s=1.5e-3,
+                                 loss_floor_s=1.5e-3))  # fmt: skip
+    steps = {2, 3}
+    for batch, seq, fitted in ((1, 128, False), (16, 1024, True)):
+        config = TrainConfig(batch=batch, seq=seq, steps=8)
+        running = plan(load_model("llama-3.2-1b"), m, config)
+        predicted = refit.predicted_busy(running, steps)
+        shares = refit.fixed_shares(running, steps)
+        assert (shares["gpu"] < refit.MAX_FIXED_SHARE) == fitted, shares
+        measured = {lane: seconds * (3.3 if lane == "gpu" else 1.0)
+                    for lane, seconds in predicted.items()}  # fmt: skip
+        check = refit.replan(running, config, measured, steps)
+        assert ("gpu" in check.factors) == fitted, check.factors
+        assert check.factors.get("gpu", 3.3) == pytest.approx(3.3, rel=1e-6)

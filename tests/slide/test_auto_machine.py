@@ -22,11 +22,14 @@ HOST = host_probes.Host(
     ram_bytes=(256 << 30) + 12345,
 )  # fmt: skip
 CUDA = torch.device("cuda")  # never touched: `this_host` is replaced below
-ADAM_PER_CORE = 1.5e8  # what the fake half-thread host-update probe reports, per thread
 
 
 def _fig(value: float, threads: int = 0) -> cal.Figure:
     return cal.Figure(value, "fake probe", threads)
+
+
+ADAM_PER_CORE = 1.5e8  # what the fake half-thread host-update probe reports, per thread
+FLOORS = {"fwd": _fig(9e-4), "bwd": _fig(1.5e-3), "loss": _fig(1.4e-3)}  # seconds
 
 
 class FakeProbes:
@@ -41,6 +44,7 @@ class FakeProbes:
         for name, value in gpu.items():
             monkeypatch.setattr(cal, name, lambda *a, _v=value, **k: _fig(_v * self.scale))
         monkeypatch.setattr(cal, "link_rates", self.link)
+        monkeypatch.setattr(cal, "dispatch_floors", lambda *a, **k: dict(FLOORS))
         monkeypatch.setattr(cal, "adam_rate", self.adam)
         monkeypatch.setattr(
             cal, "nvme_rates", lambda d, *a: {"read": _fig(7e9), "write": _fig(6e9)}
@@ -92,6 +96,12 @@ def test_auto_measures_once_then_reads_the_cache(probes):
         first.cpu.adam_elems_per_s_per_core == ADAM_PER_CORE and first.ram_bytes == HOST.ram_bytes
     )
     assert "slide train --machine auto" in first.source("cpu.dram_bytes_per_s")
+    assert (first.gpu.layer_fwd_floor_s, first.gpu.layer_bwd_floor_s, first.gpu.loss_floor_s) == (
+        9e-4,
+        1.5e-3,
+        1.4e-3,
+    )  # and read back from the cache's TOML as they were measured (second == first)
+    assert "fake probe" in first.source("gpu.layer_bwd_floor_s")
 
 
 def test_an_unknown_gpu_is_measured_not_given_a_presets_figures(probes):

@@ -43,3 +43,14 @@ def test_host_update_unit_is_a_layer_capped_by_the_hosts_ram():
     assert cal.host_update_unit(1000) == 1000
     huge = cal.host_update_unit(10**13)  # no host holds four such units
     assert huge * cal.ADAM_UNITS * cal.ADAM_BYTES_PER_ELEMENT <= cal.host_ram_bytes() // 8
+
+
+def test_dispatch_floors_time_the_layer_calls_the_executor_makes():
+    """On the CPU the same calls run (fused kernels' torch fallbacks): each floor is a real,
+    positive time, named for the op it stands in for."""
+    from slide_ir.specs.model import load_model
+
+    floors = cal.dispatch_floors(load_model("tiny-llama"), device="cpu", repeats=3)
+    assert set(floors) == {"fwd", "bwd", "loss"}
+    assert all(0 < f.value < 5 for f in floors.values())
+    assert "no-grad forward" in floors["fwd"].note and "backward" in floors["bwd"].note

@@ -141,3 +141,27 @@ def test_measured_kernel_rates_and_loaded_dram_replace_the_roofline() -> None:
     fast = replace(cpu, adam_elems_per_s_per_core=1e9)
     cm = CostModel(replace(MACHINE, gpu=gpu, cpu=fast), efficiency=Efficiency(launch_s=0.0))
     assert cm.seconds(adam) == pytest.approx(1e8 / (5.6e10 / 28))
+
+
+def test_a_layer_op_takes_at_least_its_dispatch_floor():
+    """A layer's forward, recompute and backward (the ops that run attention) and the loss take
+    the larger of their rate time and the profile's floor for their kind; other ops, and every
+    op on a profile without floors, are priced by the rates alone."""
+    from dataclasses import replace
+
+    floors = replace(MACHINE.gpu, layer_fwd_floor_s=1e-3, layer_bwd_floor_s=2e-3, loss_floor_s=3e-3)
+    cm = CostModel(replace(MACHINE, gpu=floors), efficiency=Efficiency(launch_s=1e-5))
+    small = {"flops": 1e9, "attn_flops": 1e8}  # 9e8 / 100e12 + 1e8 / 50e12 = 11 us
+    for kind, floor in ((OpKind.FWD, 1e-3), (OpKind.RECOMPUTE, 1e-3), (OpKind.BWD, 2e-3),
+                        (OpKind.LOSS, 3e-3)):  # fmt: skip
+        op = _op(kind, **small)
+        assert cm.seconds(op) == pytest.approx(1e-5 + floor)
+        assert cm.fixed_seconds(op) == pytest.approx(1e-5 + floor - 11e-6)
+    big = _op(OpKind.FWD, flops=1e13, attn_flops=1e12)  # 0.09 + 0.02 s: past the floor
+    assert cm.seconds(big) == pytest.approx(1e-5 + 0.11)
+    assert cm.fixed_seconds(big) == pytest.approx(1e-5)
+    embedding = _op(OpKind.FWD, bytes=10**6)  # no attention: not a decoder layer
+    assert cm.seconds(embedding) == pytest.approx(1e-5 + 1e6 / 1e12)
+    without = CostModel(MACHINE, efficiency=Efficiency(launch_s=1e-5))
+    assert without.seconds(_op(OpKind.FWD, **small)) == pytest.approx(1e-5 + 11e-6)
+    assert cm.describe()["layer_bwd_floor_s"] == 2e-3
