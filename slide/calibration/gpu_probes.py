@@ -191,9 +191,8 @@ def gpu_adam_rate(elements: int = 64 * MB) -> Figure:
 def dispatch_floors(
     model: ModelSpec, tokens: int = 16, repeats: int = 20, device: str = "cuda"
 ) -> dict[str, Figure]:
-    """The host's time to issue a decoder layer's forward (as the `fwd` op runs it: no autograd),
-    its forward keeping the tape (as `recompute`) and its backward (as `bwd`), and the loss's
-    forward and backward, at
+    """The host's time to issue a decoder layer's forward (as the `fwd` op runs it: no autograd)
+    and its backward (as `bwd`, from a taped forward), and the loss's forward and backward, at
     `model`'s shapes and `tokens` tokens: so little GPU work that the host's dispatch (Python,
     autograd, Triton and CUDA launches) is the whole time. Seconds each (`device` "cpu": the
     same calls, for the tests)."""
@@ -247,9 +246,6 @@ def dispatch_floors(
     how = f"{model.name} at 1 x {tokens} tokens, host clock around the op and a synchronize"
     return {
         "fwd": Figure(host_median(fwd, lambda: None), f"{how}: a decoder layer's no-grad forward"),
-        "taped_fwd": Figure(
-            host_median(lambda _: taped(), lambda: None), f"{how}: a decoder layer's taped forward"
-        ),
         "bwd": Figure(host_median(bwd, taped), f"{how}: a decoder layer's backward"),
         "loss": Figure(host_median(loss, lambda: None), f"{how}: final norm + fused LCE fwd+bwd"),
     }

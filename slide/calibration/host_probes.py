@@ -259,8 +259,7 @@ def profile(
     )
 
 
-_FLOOR_FIELDS = {"fwd": "layer_fwd_floor_s", "taped_fwd": "layer_taped_fwd_floor_s",
-                 "bwd": "layer_bwd_floor_s", "loss": "loss_floor_s"}  # fmt: skip
+_FLOOR_FIELDS = {"fwd": "layer_fwd_floor_s", "bwd": "layer_bwd_floor_s", "loss": "loss_floor_s"}
 _LINK_KEYS = ("h2d", "d2h", "duplex", "pageable_h2d", "pageable_d2h")
 _DRIVE_KEYS = ("read_bytes_per_s", "write_bytes_per_s", "capacity_bytes", "gds")
 

@@ -34,8 +34,7 @@ class OpKind(StrEnum):
     """The closed op vocabulary. Every engine has a handler for each member.
 
     Operands (`Op.reads` -> `Op.writes`), in this order; `w`/`g` a unit's weights/gradient:
-    FWD (w, x) -> (x'), or (x', tape) when it keeps its autograd tape for the backward; the
-    embedding's FWD (w) -> (x', tokens): it takes the micro-batch in;
+    FWD (w, x) -> (x'); the embedding's FWD (w) -> (x', tokens): it takes the micro-batch in;
     RECOMPUTE (w, x) -> (tape); BWD (w, tape, dx') -> (g, dx), the embedding's (w, tokens, dx')
     -> (g); LOSS (w, x, tokens[, tied embedding w]) -> (g, dx[, tied embedding g]);
     GPU_ADAM (g, state) -> (w, state); OPT_H2D (master, moments) -> (state); OPT_D2H the

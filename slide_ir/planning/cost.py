@@ -128,11 +128,19 @@ class CostModel:
 
     def floor(self, op: Op) -> float:
         """The host's time to issue `op`'s kernels (0 where the profile has none): a decoder
-        layer's forward (plain, or keeping its tape: a recompute, or a forward that writes a
-        tape), its backward (the layer ops are those that run attention) and the loss. At small
-        shapes it, not the rates, sets the op's time: a tiny-llama layer runs in ~10 us of GPU
-        time but takes ~1 ms to issue (bench/RESULTS.md, session 14)."""
-        return getattr(self.machine.gpu, _floor_field(op) or "", None) or 0.0
+        layer's forward, recompute or backward (the ops that run attention) and the loss. At
+        small shapes it, not the rates, sets the op's time: a tiny-llama layer runs in ~10 us of
+        GPU time but takes ~1 ms to issue (bench/RESULTS.md, session 14)."""
+        gpu = self.machine.gpu
+        if op.kind == OpKind.LOSS:
+            floor = getattr(gpu, "loss_floor_s", None)
+        elif op.kind in (OpKind.FWD, OpKind.RECOMPUTE) and op.work.attn_flops:
+            floor = getattr(gpu, "layer_fwd_floor_s", None)
+        elif op.kind == OpKind.BWD and op.work.attn_flops:
+            floor = getattr(gpu, "layer_bwd_floor_s", None)
+        else:
+            floor = None
+        return floor or 0.0
 
     def fixed_seconds(self, op: Op) -> float:
         """The part of `seconds(op)` that no rate scales: the launch, and the floor where it
@@ -180,20 +188,7 @@ class CostModel:
         }
 
 
-_FLOORS = ("layer_fwd_floor_s", "layer_taped_fwd_floor_s", "layer_bwd_floor_s", "loss_floor_s")
-
-
-def _floor_field(op: Op) -> str | None:
-    """The `Gpu` floor that bounds `op` from below, if any."""
-    if op.kind == OpKind.LOSS:
-        return "loss_floor_s"
-    if not op.work.attn_flops:  # the embedding's and the head's ops: a kernel or two
-        return None
-    if op.kind == OpKind.BWD:
-        return "layer_bwd_floor_s"
-    if op.kind == OpKind.RECOMPUTE or (op.kind == OpKind.FWD and len(op.writes) > 1):
-        return "layer_taped_fwd_floor_s"
-    return "layer_fwd_floor_s" if op.kind == OpKind.FWD else None
+_FLOORS = ("layer_fwd_floor_s", "layer_bwd_floor_s", "loss_floor_s")
 
 
 def _resolve(machine: Any, threads: int | None, eff: Efficiency, nproc: int = 1) -> _Rates:

@@ -98,11 +98,9 @@ class Gpu:
     # `Machine.peer_bytes_per_s`)
     nvlink_bytes_per_s: float | None = _toml("nvlink_gb_per_s", G, default=None)
     # Host time to issue one op's kernels (Python, autograd, Triton and CUDA launches), a floor
-    # under its GPU time that no rate above describes: what a decoder layer's forward, its
-    # forward keeping the autograd tape (a recompute, a kept tape), its backward and the fused
-    # loss take at a tiny shape (None: no floor)
+    # under its GPU time that no rate above describes: what a decoder layer's forward (and
+    # recompute), its backward and the fused loss take at a tiny shape (None: no floor)
     layer_fwd_floor_s: float | None = None
-    layer_taped_fwd_floor_s: float | None = None
     layer_bwd_floor_s: float | None = None
     loss_floor_s: float | None = None
 

@@ -101,9 +101,8 @@ def test_a_lane_bound_by_fixed_costs_is_not_refit():
     from slide_ir.specs.model import load_model
 
     m = load_machine("h200-16c-128g")
-    floors = {"layer_fwd_floor_s": 1e-3, "layer_taped_fwd_floor_s": 1.2e-3,
-              "layer_bwd_floor_s": 1.5e-3, "loss_floor_s": 1.5e-3}  # fmt: skip
-    m = replace(m, gpu=replace(m.gpu, **floors))
+    m = replace(m, gpu=replace(m.gpu, layer_fwd_floor_s=1e-3, layer_bwd_floor_s=1.5e-3,
+                                 loss_floor_s=1.5e-3))  # fmt: skip
     steps = {2, 3}
     for batch, seq, fitted in ((1, 128, False), (16, 1024, True)):
         config = TrainConfig(batch=batch, seq=seq, steps=8)

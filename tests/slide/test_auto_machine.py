@@ -29,8 +29,7 @@ def _fig(value: float, threads: int = 0) -> cal.Figure:
 
 
 ADAM_PER_CORE = 1.5e8  # what the fake half-thread host-update probe reports, per thread
-FLOORS = {"fwd": _fig(9e-4), "taped_fwd": _fig(1.1e-3), "bwd": _fig(1.5e-3),
-          "loss": _fig(1.4e-3)}  # seconds  # fmt: skip
+FLOORS = {"fwd": _fig(9e-4), "bwd": _fig(1.5e-3), "loss": _fig(1.4e-3)}  # seconds
 
 
 class FakeProbes:
@@ -97,9 +96,11 @@ def test_auto_measures_once_then_reads_the_cache(probes):
         first.cpu.adam_elems_per_s_per_core == ADAM_PER_CORE and first.ram_bytes == HOST.ram_bytes
     )
     assert "slide train --machine auto" in first.source("cpu.dram_bytes_per_s")
-    g = first.gpu  # the floors, and read back from the cache's TOML as measured (second == first)
-    assert (g.layer_fwd_floor_s, g.layer_taped_fwd_floor_s, g.layer_bwd_floor_s,
-            g.loss_floor_s) == (9e-4, 1.1e-3, 1.5e-3, 1.4e-3)  # fmt: skip
+    assert (first.gpu.layer_fwd_floor_s, first.gpu.layer_bwd_floor_s, first.gpu.loss_floor_s) == (
+        9e-4,
+        1.5e-3,
+        1.4e-3,
+    )  # and read back from the cache's TOML as they were measured (second == first)
     assert "fake probe" in first.source("gpu.layer_bwd_floor_s")
 
 

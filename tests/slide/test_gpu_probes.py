@@ -51,6 +51,6 @@ def test_dispatch_floors_time_the_layer_calls_the_executor_makes():
     from slide_ir.specs.model import load_model
 
     floors = cal.dispatch_floors(load_model("tiny-llama"), device="cpu", repeats=3)
-    assert set(floors) == {"fwd", "taped_fwd", "bwd", "loss"}
+    assert set(floors) == {"fwd", "bwd", "loss"}
     assert all(0 < f.value < 5 for f in floors.values())
     assert "no-grad forward" in floors["fwd"].note and "backward" in floors["bwd"].note

@@ -2,7 +2,7 @@
 
 import pytest
 
-from slide_ir.ir.graph import Op, OpKind, Value, Work
+from slide_ir.ir.graph import Op, OpKind, Work
 from slide_ir.planning.cost import HANDLERS, CostModel, Efficiency, FixedCosts
 from slide_ir.specs.hardware import Cpu, Gpu, Link, Machine, Nvme
 
@@ -144,21 +144,17 @@ def test_measured_kernel_rates_and_loaded_dram_replace_the_roofline() -> None:
 
 
 def test_a_layer_op_takes_at_least_its_dispatch_floor():
-    """A layer's forward (plain, or keeping its tape: a second write, or a recompute), its
-    backward (the layer ops are those that run attention) and the loss take the larger of their
-    rate time and the profile's floor for their kind; other ops, and every op on a profile
-    without floors, are priced by the rates alone."""
+    """A layer's forward, recompute and backward (the ops that run attention) and the loss take
+    the larger of their rate time and the profile's floor for their kind; other ops, and every
+    op on a profile without floors, are priced by the rates alone."""
     from dataclasses import replace
 
-    floors = replace(MACHINE.gpu, layer_fwd_floor_s=1e-3, layer_taped_fwd_floor_s=1.5e-3,
-                     layer_bwd_floor_s=2e-3, loss_floor_s=3e-3)  # fmt: skip
+    floors = replace(MACHINE.gpu, layer_fwd_floor_s=1e-3, layer_bwd_floor_s=2e-3, loss_floor_s=3e-3)
     cm = CostModel(replace(MACHINE, gpu=floors), efficiency=Efficiency(launch_s=1e-5))
     small = {"flops": 1e9, "attn_flops": 1e8}  # 9e8 / 100e12 + 1e8 / 50e12 = 11 us
-    taped = Op(id="x", kind=OpKind.FWD, lane="gpu", step=1, unit=1, work=Work(**small),
-               writes=(Value(name="L1.x", slot="acts.1"), Value(name="L1.tape", slot="tapes")))  # fmt: skip
-    for op, floor in ((_op(OpKind.FWD, **small), 1e-3), (taped, 1.5e-3),
-                      (_op(OpKind.RECOMPUTE, **small), 1.5e-3), (_op(OpKind.BWD, **small), 2e-3),
-                      (_op(OpKind.LOSS, **small), 3e-3)):  # fmt: skip
+    for kind, floor in ((OpKind.FWD, 1e-3), (OpKind.RECOMPUTE, 1e-3), (OpKind.BWD, 2e-3),
+                        (OpKind.LOSS, 3e-3)):  # fmt: skip
+        op = _op(kind, **small)
         assert cm.seconds(op) == pytest.approx(1e-5 + floor)
         assert cm.fixed_seconds(op) == pytest.approx(1e-5 + floor - 11e-6)
     big = _op(OpKind.FWD, flops=1e13, attn_flops=1e12)  # 0.09 + 0.02 s: past the floor
