@@ -22,9 +22,8 @@ def main() -> None:
         from slide_ir.specs.hardware import load_machine_toml
 
         gpu = load_machine_toml(args.machine.read_text()).gpu
-        print(f"profile floors (ms): fwd {_ms(gpu.layer_fwd_floor_s)}, taped fwd "
-              f"{_ms(gpu.layer_taped_fwd_floor_s)}, bwd {_ms(gpu.layer_bwd_floor_s)}, "
-              f"loss {_ms(gpu.loss_floor_s)}")  # fmt: skip
+        print(f"profile floors (ms): fwd {_ms(gpu.layer_fwd_floor_s)}, bwd "
+              f"{_ms(gpu.layer_bwd_floor_s)}, loss {_ms(gpu.loss_floor_s)}")  # fmt: skip
     for path in args.traces:
         spans = json.loads(path.read_text())["spans"]
         steps = {s["step"] for s in spans}
