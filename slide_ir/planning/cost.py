@@ -147,6 +147,11 @@ class CostModel:
         exceeds the rate's time (`slide_ir.planning.refit` fits rates only to the rest)."""
         return self.efficiency.launch_s + max(0.0, self.floor(op) - HANDLERS[op.kind](self, op))
 
+    def binding_floor(self, op: Op) -> float:
+        """`op`'s floor where it, not the rates, sets the op's time; else 0."""
+        floor = self.floor(op)
+        return floor if floor > HANDLERS[op.kind](self, op) else 0.0
+
     def seconds_under_dma(self, op: Op, dma_load: float) -> float:
         """`seconds`, with a host AdamW priced beside `dma_load` (0 to 1) of the link's full
         duplex traffic instead of all of it: the simulator re-prices each update by the
@@ -182,13 +187,13 @@ class CostModel:
             "nvme_write_bytes_per_s": list(r.nvme_write),
             "cpu_threads": self.threads,
             "launch_s": self.efficiency.launch_s,
-            **{f: getattr(self.machine.gpu, f, None) for f in _FLOORS},
+            **{f: getattr(self.machine.gpu, f, None) for f in FLOOR_FIELDS},
             # the net lane's rate and the ranks sharing the host (single-GPU traces unchanged)
             **({"peer_bytes_per_s": r.peer, "nproc": self.nproc} if self.nproc > 1 else {}),
         }
 
 
-_FLOORS = ("layer_fwd_floor_s", "layer_bwd_floor_s", "loss_floor_s")
+FLOOR_FIELDS = ("layer_fwd_floor_s", "layer_bwd_floor_s", "loss_floor_s")  # of `Gpu`
 
 
 def _resolve(machine: Any, threads: int | None, eff: Efficiency, nproc: int = 1) -> _Rates:

@@ -90,11 +90,12 @@ def test_the_summary_counts_the_steps_after_the_check_and_its_step():
     assert train_mod.steady_from(5, None) == 2  # no re-planning: every step after the first
 
 
-def test_a_lane_bound_by_fixed_costs_is_not_refit():
+def test_a_lane_bound_by_its_floors_refits_the_floors_not_the_rates():
     """llama-3.2-1b at batch 1 x seq 128 on a profile with dispatch floors: its GPU lane is
     mostly floors, so a measurement of 3.3x the prediction (as the H200 gave before the floors
-    were modelled) says nothing about the GPU's rates and is not fitted; at batch 16 x 1024 the
-    same lane is rate-bound and is."""
+    were modelled) says nothing about the GPU's rates: the floors are re-fitted instead, and the
+    re-fit profile predicts the measured lane. At batch 16 x 1024 the same lane is rate-bound
+    and its rates are re-fitted."""
     from dataclasses import replace
 
     from slide_ir.planning.planner import plan
@@ -104,14 +105,20 @@ def test_a_lane_bound_by_fixed_costs_is_not_refit():
     m = replace(m, gpu=replace(m.gpu, layer_fwd_floor_s=1e-3, layer_bwd_floor_s=1.5e-3,
                                  loss_floor_s=1.5e-3))  # fmt: skip
     steps = {2, 3}
-    for batch, seq, fitted in ((1, 128, False), (16, 1024, True)):
+    for batch, seq, rate_bound in ((1, 128, False), (16, 1024, True)):
         config = TrainConfig(batch=batch, seq=seq, steps=8)
         running = plan(load_model("llama-3.2-1b"), m, config)
         predicted = refit.predicted_busy(running, steps)
-        shares = refit.fixed_shares(running, steps)
-        assert (shares["gpu"] < refit.MAX_FIXED_SHARE) == fitted, shares
+        fixed = refit.fixed_costs(running, steps)["gpu"]
+        assert (fixed.share < refit.MAX_FIXED_SHARE) == rate_bound, fixed
         measured = {lane: seconds * (3.3 if lane == "gpu" else 1.0)
                     for lane, seconds in predicted.items()}  # fmt: skip
-        check = refit.replan(running, config, measured, steps)
-        assert ("gpu" in check.factors) == fitted, check.factors
-        assert check.factors.get("gpu", 3.3) == pytest.approx(3.3, rel=1e-6)
+        factors = refit.replan(running, config, measured, steps).factors
+        assert ("gpu" in factors) == rate_bound and (refit.FLOORS in factors) != rate_bound
+        fitted = refit.refit_machine(m, factors)
+        again = refit.predicted_busy(replace(running, machine=fitted), steps)["gpu"]
+        assert again == pytest.approx(measured["gpu"], rel=0.02), (batch, factors)
+    doubled = refit.refit_machine(m, {refit.FLOORS: 2.0})
+    assert doubled.gpu.layer_bwd_floor_s == 3e-3
+    assert doubled.gpu.bf16_matmul_tflops == m.gpu.bf16_matmul_tflops
+    assert "floor-bound: x 2.0000" in doubled.source("gpu.loss_floor_s")
