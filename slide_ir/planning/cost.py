@@ -40,9 +40,9 @@ Roofline style, one handler per `OpKind` (a test checks the table covers every k
 Every rate is multiplied by a named efficiency factor (`Efficiency`) that `slide calibrate` fits
 from measured traces; each op also pays a fixed `launch_s` (kernel launch / copy setup / thread
 hand-off) so that thousands of tiny ops are not free, and a GPU layer op takes at least the
-profile's floor for its kind (`CostModel.floor`: the host's time to issue its kernels). The machine is read through attributes only
-(`machine.gpu.bf16_matmul_tflops`, ...), so any object shaped like `slide_ir.specs.hardware.Machine`
-works.
+profile's floor for its kind (`CostModel.floor`: the host's time to issue its kernels). The
+machine is read through attributes only (`machine.gpu.bf16_matmul_tflops`, ...), so any object
+shaped like `slide_ir.specs.hardware.Machine` works.
 """
 
 from __future__ import annotations

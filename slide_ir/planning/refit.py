@@ -5,10 +5,10 @@ preset, another machine of the kind, a host busy with something else) can be off
 on one lane while right on the others; the plan it gives then slides, streams or keeps the wrong
 units. After the first steady steps of a run, each lane kind's measured busy time is set against
 what the profile predicts for the same ops (`lane_factors`: measured / predicted), for the lanes
-whose predicted time is mostly rate-bound (`fixed_costs`; a GPU lane bound by its dispatch floors
-re-fits the floors instead: `floor_factor`); every rate of
-that lane's part of the machine is divided by its factor (`refit_machine`), and the placement
-search runs again on the re-fit profile, under the same memory budget (`replan`). The running
+whose predicted time is mostly rate-bound (`fixed_costs`; a GPU lane bound by its dispatch
+floors re-fits the floors instead: `floor_factor`); every rate of that lane's part of the
+machine is divided by its factor (`refit_machine`), and the placement search runs again on the
+re-fit profile, under the same memory budget (`replan`). The running
 plan is kept unless the new choice is predicted at least `MIN_GAIN` faster than it on that same
 re-fit profile, so measurement noise does not move a run.
 """
