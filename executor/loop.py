@@ -101,9 +101,12 @@ class Saver:
         state_mod.read_on_main(run.env, lambda read: on_save and on_save(global_step, read))
 
 
-# (the plan whose graph ran, busy seconds per lane over `steps`, steps) -> the plan and engine to
-# go on with, or None to keep the running ones (`executor.train` re-plans; see slide_ir.planning.refit)
-Replan = Callable[[Plan, dict[str, float], set[int]], "tuple[Plan, setup_mod.Run] | None"]
+# (the plan whose graph ran, busy seconds per lane over `steps`, steps, the same per op kind) ->
+# the plan and engine to go on with, or None to keep the running ones (`executor.train`
+# re-plans; see slide_ir.planning.refit)
+Replan = Callable[
+    [Plan, dict[str, float], set[int], dict[str, float]], "tuple[Plan, setup_mod.Run] | None"
+]
 REPLAN_AFTER = 6  # steps of the first repetition when re-planning: warm-up + 5 steady steps
 
 
@@ -208,7 +211,10 @@ class Driver:
                     self.saver.save(global_step, self.run_)
                 if self.replan is not None and pr.done == n and n < self.steps:
                     swap = self.replan(
-                        graph_plan(self.p, n), pr.recorder.steady_busy(), set(range(2, n + 1))
+                        graph_plan(self.p, n),
+                        pr.recorder.steady_busy(),
+                        set(range(2, n + 1)),
+                        pr.recorder.steady_busy_by_kind(),
                     )
                     if swap is not None:  # another placement: its engine, lanes and graph
                         lanes.stop(shared, abort=False)

@@ -85,6 +85,7 @@ class Recorder:
         self.spans: list[Span] = []
         self.busy: dict[str, float] = {}  # lane -> seconds of op time, the whole run
         self._steady: dict[str, float] = {}  # the same from step 2 on (no warm-up)
+        self._steady_kinds: dict[str, float] = {}  # op kind -> seconds, from step 2 on
         self.t0 = time.perf_counter()
         self.origin: torch.cuda.Event | None = None
         if cuda:
@@ -114,6 +115,7 @@ class Recorder:
             self.busy[op.lane] = self.busy.get(op.lane, 0.0) + (end - start)
             if step >= 2:
                 self._steady[op.lane] = self._steady.get(op.lane, 0.0) + (end - start)
+                self._steady_kinds[op.kind] = self._steady_kinds.get(op.kind, 0.0) + (end - start)
             if step in self.window:
                 span = Span.of(op, start, end)
                 self.spans.append(replace(span, step=step, op_id=_renumbered(op.id, step)))
@@ -121,6 +123,10 @@ class Recorder:
     def steady_busy(self) -> dict[str, float]:
         """Seconds of op time per lane over the steps resolved from step 2 on."""
         return dict(self._steady)
+
+    def steady_busy_by_kind(self) -> dict[str, float]:
+        """Seconds of op time per op kind over the steps resolved from step 2 on."""
+        return dict(self._steady_kinds)
 
     def pending(self) -> int:
         with self._lock:

@@ -176,10 +176,10 @@ def train(
         replanned: list[refit.Replanned] = []
 
         def replan(
-            ran: Plan, busy: dict[str, float], steps: set[int]
+            ran: Plan, busy: dict[str, float], steps: set[int], by_kind: dict[str, float]
         ) -> tuple[Plan, setup_mod.Run] | None:
             assert replan_request is not None
-            check = refit.replan(ran, replan_request, busy, steps)
+            check = refit.replan(ran, replan_request, busy, steps, by_kind)
             if check.plan is not None:
                 left = config.steps - driver.progress.done
                 setup_s = phases.seconds.get("buffers", 0.0) + phases.seconds.get("state", 0.0)

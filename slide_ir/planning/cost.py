@@ -131,16 +131,10 @@ class CostModel:
         layer's forward, recompute or backward (the ops that run attention) and the loss. At
         small shapes it, not the rates, sets the op's time: a tiny-llama layer runs in ~10 us of
         GPU time but takes ~1 ms to issue (bench/RESULTS.md, session 14)."""
-        gpu = self.machine.gpu
-        if op.kind == OpKind.LOSS:
-            floor = getattr(gpu, "loss_floor_s", None)
-        elif op.kind in (OpKind.FWD, OpKind.RECOMPUTE) and op.work.attn_flops:
-            floor = getattr(gpu, "layer_fwd_floor_s", None)
-        elif op.kind == OpKind.BWD and op.work.attn_flops:
-            floor = getattr(gpu, "layer_bwd_floor_s", None)
-        else:
-            floor = None
-        return floor or 0.0
+        field = _FLOOR_OF.get(op.kind)
+        if field is None or (op.kind != OpKind.LOSS and not op.work.attn_flops):
+            return 0.0  # the embedding's and the head's other ops: a kernel or two
+        return getattr(self.machine.gpu, field, None) or 0.0
 
     def fixed_seconds(self, op: Op) -> float:
         """The part of `seconds(op)` that no rate scales: the launch, and the floor where it
@@ -193,7 +187,14 @@ class CostModel:
         }
 
 
-FLOOR_FIELDS = ("layer_fwd_floor_s", "layer_bwd_floor_s", "loss_floor_s")  # of `Gpu`
+# The `Gpu` dispatch floors and the op kinds each bounds (`CostModel.floor`)
+FLOOR_KINDS: Mapping[str, tuple[OpKind, ...]] = {
+    "layer_fwd_floor_s": (OpKind.FWD, OpKind.RECOMPUTE),
+    "layer_bwd_floor_s": (OpKind.BWD,),
+    "loss_floor_s": (OpKind.LOSS,),
+}
+FLOOR_FIELDS = tuple(FLOOR_KINDS)
+_FLOOR_OF = {kind: field for field, kinds in FLOOR_KINDS.items() for kind in kinds}
 
 
 def _resolve(machine: Any, threads: int | None, eff: Efficiency, nproc: int = 1) -> _Rates:

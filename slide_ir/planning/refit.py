@@ -5,8 +5,8 @@ preset, another machine of the kind, a host busy with something else) can be off
 on one lane while right on the others; the plan it gives then slides, streams or keeps the wrong
 units. After the first steady steps of a run, each lane kind's measured busy time is set against
 what the profile predicts for the same ops (`lane_factors`: measured / predicted), for the lanes
-whose predicted time is mostly rate-bound (`fixed_costs`; a GPU lane bound by its dispatch
-floors re-fits the floors instead: `floor_factor`); every rate of that lane's part of the
+whose predicted time is mostly rate-bound (`fixed_shares`; a GPU lane bound by its dispatch
+floors re-fits the floors instead: `floor_factors`); every rate of that lane's part of the
 machine is divided by its factor (`refit_machine`), and the placement search runs again on the
 re-fit profile, under the same memory budget (`replan`). The running
 plan is kept unless the new choice is predicted at least `MIN_GAIN` faster than it on that same
@@ -15,12 +15,13 @@ re-fit profile, so measurement noise does not move a run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 from slide_ir.ir.graph import lane_kind
-from slide_ir.planning.cost import FLOOR_FIELDS, CostModel
+from slide_ir.ir.trace import Span
+from slide_ir.planning.cost import FLOOR_FIELDS, FLOOR_KINDS, CostModel
 from slide_ir.planning.planner import Plan, plan
 from slide_ir.planning.timeline import predict, predict_step_s
 from slide_ir.specs.config import TrainConfig
@@ -32,7 +33,6 @@ FACTOR_RANGE = (0.1, 10.0)  # a lane measured outside this is a fault, not a rat
 # nothing about its rates: batch 1 x seq 128 of llama-3.2-1b measured its GPU lane at 3.3x the
 # rates' time, which would have cut the cached profile's GPU rates 3.3-fold (session 14).
 MAX_FIXED_SHARE = 0.5
-FLOORS = "gpu_floors"  # the factor on the GPU's dispatch floors (a time: multiplied, not divided)
 P = TypeVar("P")
 
 
@@ -40,7 +40,7 @@ P = TypeVar("P")
 class Replanned:
     """The outcome of one re-planning check (`plan` None: the running plan stays)."""
 
-    factors: dict[str, float]  # lane kind -> measured / predicted busy seconds
+    factors: dict[str, float]  # lane kind -> measured / predicted busy; floor field -> factor
     running_s: float  # the running plan's step on the re-fit profile
     best_s: float  # the search's choice on the re-fit profile
     plan: Plan | None
@@ -58,47 +58,57 @@ class Replanned:
 
 def predicted_busy(p: Plan, steps: set[int]) -> dict[str, float]:
     """Seconds of op time per lane kind that `p`'s profile predicts over `steps` of its graph."""
+    return _predicted(p, steps, lambda s: lane_kind(s.lane))
+
+
+def predicted_busy_by_kind(p: Plan, steps: set[int]) -> dict[str, float]:
+    """The same per op kind."""
+    return _predicted(p, steps, lambda s: s.kind)
+
+
+def _predicted(p: Plan, steps: set[int], key: Callable[[Span], str]) -> dict[str, float]:
     trace = predict(p.graph, CostModel(p.machine, cpu_threads=p.config.cpu_threads))
     busy: dict[str, float] = {}
     for s in trace.spans:
         if s.step in steps:
-            kind = lane_kind(s.lane)
-            busy[kind] = busy.get(kind, 0.0) + s.duration
+            busy[key(s)] = busy.get(key(s), 0.0) + s.duration
     return busy
 
 
-@dataclass(frozen=True, slots=True)
-class FixedCost:
-    """Of one lane kind's predicted op time over some steps: the share no rate scales, and the
-    seconds of dispatch floors that bind (`CostModel.fixed_seconds`, `binding_floor`)."""
-
-    share: float
-    floors_s: float
-
-
-def fixed_costs(p: Plan, steps: set[int]) -> dict[str, FixedCost]:
-    """Per lane kind, what of `p`'s predicted op time over `steps` is fixed cost."""
+def fixed_shares(p: Plan, steps: set[int]) -> dict[str, float]:
+    """Per lane kind, the share of `p`'s predicted op time over `steps` that no rate scales
+    (`CostModel.fixed_seconds`: launches, and dispatch floors where they bind)."""
     costs = CostModel(p.machine, cpu_threads=p.config.cpu_threads)
-    fixed: dict[str, list[float]] = {}  # kind -> [fixed, total, binding floors]
+    fixed: dict[str, float] = {}
+    total: dict[str, float] = {}
     for op in p.graph.ops:
         if op.step in steps:
-            sums = fixed.setdefault(lane_kind(op.lane), [0.0, 0.0, 0.0])
-            sums[0] += costs.fixed_seconds(op)
-            sums[1] += costs.seconds(op)
-            sums[2] += costs.binding_floor(op)
-    return {kind: FixedCost(f / total, floors) for kind, (f, total, floors) in fixed.items()
-            if total > 0}  # fmt: skip
+            kind = lane_kind(op.lane)
+            fixed[kind] = fixed.get(kind, 0.0) + costs.fixed_seconds(op)
+            total[kind] = total.get(kind, 0.0) + costs.seconds(op)
+    return {kind: fixed[kind] / seconds for kind, seconds in total.items() if seconds > 0}
 
 
-def floor_factor(measured_s: float, predicted_s: float, floors_s: float) -> float | None:
-    """The factor on a floor-bound lane's dispatch floors that gives its measured time: the
-    whole gap between measured and predicted put on the floors that bind (their ops' time is
-    their floor). None where no floor binds or the factor lies outside `FACTOR_RANGE`."""
-    if floors_s <= 0:
-        return None
-    factor = 1.0 + (measured_s - predicted_s) / floors_s
+def floor_factors(p: Plan, steps: set[int], measured: Mapping[str, float]) -> dict[str, float]:
+    """Per dispatch floor of `p`'s GPU (`FLOOR_KINDS`), the factor that gives the measured busy
+    time of the op kinds it bounds (`measured`: seconds per op kind over `steps`): their whole
+    gap between measured and predicted put on the floors that bind (those ops' time is their
+    floor). A floor none of whose ops it binds, or whose factor lies outside `FACTOR_RANGE`,
+    gets none."""
+    costs = CostModel(p.machine, cpu_threads=p.config.cpu_threads)
+    binding: dict[str, float] = {}
+    for op in p.graph.ops:
+        if op.step in steps:
+            binding[op.kind] = binding.get(op.kind, 0.0) + costs.binding_floor(op)
+    predicted = predicted_busy_by_kind(p, steps)
     lo, hi = FACTOR_RANGE
-    return factor if lo <= factor <= hi else None
+    factors = {}
+    for field, kinds in FLOOR_KINDS.items():
+        floors_s = sum(binding.get(k, 0.0) for k in kinds)
+        gap = sum(measured.get(k, 0.0) - predicted.get(k, 0.0) for k in kinds)
+        if floors_s > 0 and lo <= 1.0 + gap / floors_s <= hi:
+            factors[field] = 1.0 + gap / floors_s
+    return factors
 
 
 def lane_factors(measured: Mapping[str, float], predicted: Mapping[str, float]) -> dict[str, float]:
@@ -118,8 +128,8 @@ def lane_factors(measured: Mapping[str, float], predicted: Mapping[str, float]) 
 
 def refit_machine(machine: Machine, factors: Mapping[str, float]) -> Machine:
     """`machine` with each lane's rates divided by its factor (a lane measured 10% slow gets
-    rates 10% lower) and the GPU's dispatch floors multiplied by theirs (`FLOORS`); the sources
-    say so."""
+    rates 10% lower) and each GPU dispatch floor multiplied by its own (keyed by its field);
+    the sources say so."""
     sources = dict(machine.sources)
 
     def scaled(part: P, prefix: str, fields: tuple[str, ...], kind: str) -> P:
@@ -144,12 +154,11 @@ def refit_machine(machine: Machine, factors: Mapping[str, float]) -> Machine:
             f"re-fit to a run's measured copy lanes: / {max(duplex):.4f}"
         )
     gpu = scaled(machine.gpu, "gpu", _GPU_RATES, "gpu")
-    if FLOORS in factors:
-        k = factors[FLOORS]
-        floors = {f: getattr(gpu, f) * k for f in FLOOR_FIELDS if getattr(gpu, f) is not None}
-        gpu = replace(gpu, **floors)
-        for f in floors:
-            sources[f"gpu.{f}"] = f"re-fit to a run's measured gpu lane, floor-bound: x {k:.4f}"
+    floors = {f: getattr(gpu, f) * factors[f] for f in FLOOR_FIELDS
+              if f in factors and getattr(gpu, f) is not None}  # fmt: skip
+    gpu = replace(gpu, **floors)
+    for f in floors:
+        sources[f"gpu.{f}"] = f"re-fit to a run's measured ops it bounds: x {factors[f]:.4f}"
     return replace(
         machine,
         gpu=gpu,
@@ -180,29 +189,32 @@ _CPU_RATES = (
 
 
 def fitted_factors(
-    running: Plan, measured: Mapping[str, float], steps: set[int]
+    running: Plan, measured: Mapping[str, float], steps: set[int], by_kind: Mapping[str, float]
 ) -> dict[str, float]:
-    """`lane_factors` for the lanes mostly rate-bound, and for a GPU lane mostly bound by its
-    dispatch floors, their factor under `FLOORS`: a small model's run teaches the profile how
-    long its host takes to issue a layer, not how fast its GPU computes."""
-    fixed, predicted = fixed_costs(running, steps), predicted_busy(running, steps)
-    bound = {kind for kind, f in fixed.items() if f.share >= MAX_FIXED_SHARE}
+    """`lane_factors` for the lanes mostly rate-bound; for a GPU lane mostly bound by its
+    dispatch floors, `floor_factors` instead (from `by_kind`, busy seconds per op kind): a small
+    model's run teaches the profile how long its host takes to issue a layer, not how fast its
+    GPU computes."""
+    bound = {kind for kind, share in fixed_shares(running, steps).items()
+             if share >= MAX_FIXED_SHARE}  # fmt: skip
+    predicted = predicted_busy(running, steps)
     factors = {k: v for k, v in lane_factors(measured, predicted).items() if k not in bound}
     if "gpu" in bound:
-        gpu_s = sum(seconds for lane, seconds in measured.items() if lane_kind(lane) == "gpu")
-        floors = floor_factor(gpu_s, predicted.get("gpu", 0.0), fixed["gpu"].floors_s)
-        if floors is not None:
-            factors[FLOORS] = floors
+        factors |= floor_factors(running, steps, by_kind)
     return factors
 
 
 def replan(
-    running: Plan, request: TrainConfig, measured: Mapping[str, float], steps: set[int]
+    running: Plan,
+    request: TrainConfig,
+    measured: Mapping[str, float],
+    steps: set[int],
+    by_kind: Mapping[str, float],
 ) -> Replanned:
     """Whether `running` (a plan of `request`, its "auto" choices unresolved) should give way
     to the search's choice on the profile re-fit from `measured` (busy seconds per lane over
     `steps` of `running.graph`). The new plan has `running`'s steps."""
-    factors = fitted_factors(running, measured, steps)
+    factors = fitted_factors(running, measured, steps, by_kind)
     machine = refit_machine(running.machine, factors)
     costs = CostModel(machine, cpu_threads=running.config.cpu_threads)
     running_s = predict_step_s(running.graph, costs)

@@ -18,7 +18,7 @@ from runs import assert_bitwise_equal, model_config, run_executor
 
 import executor.loop as loop_mod
 from executor.completion import Completions
-from executor.recording import RecentValues
+from executor.recording import RecentValues, Recorder, StepWindow
 from executor.runtime import make_shared
 
 PLACEMENTS = {
@@ -160,6 +160,24 @@ def test_recent_values_keep_the_last_in_order():
     for v in range(1, 8):
         kept.append(float(v))
         assert kept.values() == [float(x) for x in range(max(1, v - 2), v + 1)]
+
+
+def test_the_recorder_sums_steady_busy_per_lane_and_per_op_kind():
+    """From step 2 on (step 1 warms up), each op's time goes to its lane and to its kind: the
+    re-plan check fits rates per lane and dispatch floors per op kind."""
+    from slide_ir.ir.graph import Op, OpKind
+
+    recorder = Recorder(cuda=False, window=StepWindow(1, 1))
+    t0 = recorder.t0
+    ops = [(1, OpKind.FWD, "gpu", 5.0), (2, OpKind.FWD, "gpu", 1.0), (2, OpKind.BWD, "gpu", 2.0),
+           (3, OpKind.RECOMPUTE, "gpu", 0.5), (3, OpKind.ADAM, "cpu", 4.0)]  # fmt: skip
+    for step, kind, lane, seconds in ops:
+        op = Op(id=f"s{step}.L1.{kind}", kind=kind, lane=lane, step=step, unit=1)
+        recorder.put(op, t0 + 1.0, t0 + 1.0 + seconds)
+    recorder.resolve(3)
+    assert recorder.steady_busy() == {"gpu": 3.5, "cpu": 4.0}
+    assert recorder.steady_busy_by_kind() == {"fwd": 1.0, "bwd": 2.0, "recompute": 0.5, "adam": 4.0}
+    assert recorder.busy["gpu"] == 8.5 and len(recorder.spans) == 1  # the window: step 1
 
 
 def test_a_run_returns_its_last_losses(monkeypatch):

@@ -92,33 +92,42 @@ def test_the_summary_counts_the_steps_after_the_check_and_its_step():
 
 def test_a_lane_bound_by_its_floors_refits_the_floors_not_the_rates():
     """llama-3.2-1b at batch 1 x seq 128 on a profile with dispatch floors: its GPU lane is
-    mostly floors, so a measurement of 3.3x the prediction (as the H200 gave before the floors
-    were modelled) says nothing about the GPU's rates: the floors are re-fitted instead, and the
-    re-fit profile predicts the measured lane. At batch 16 x 1024 the same lane is rate-bound
-    and its rates are re-fitted."""
+    mostly floors, so a measurement of 1.4-3x the prediction (as the H200 gave) says nothing
+    about the GPU's rates: each floor is re-fitted from the ops it bounds instead, and the
+    re-fit profile predicts each op kind's measured time. At batch 16 x 1024 the same lane is
+    rate-bound and its rates are re-fitted."""
     from dataclasses import replace
 
+    from slide_ir.planning.cost import FLOOR_FIELDS
     from slide_ir.planning.planner import plan
     from slide_ir.specs.model import load_model
 
     m = load_machine("h200-16c-128g")
     m = replace(m, gpu=replace(m.gpu, layer_fwd_floor_s=1e-3, layer_bwd_floor_s=1.5e-3,
                                  loss_floor_s=1.5e-3))  # fmt: skip
+    slower = {"fwd": 3.0, "recompute": 3.0, "bwd": 1.4, "loss": 1.4}  # as tiny-llama measured
     steps = {2, 3}
     for batch, seq, rate_bound in ((1, 128, False), (16, 1024, True)):
         config = TrainConfig(batch=batch, seq=seq, steps=8)
         running = plan(load_model("llama-3.2-1b"), m, config)
-        predicted = refit.predicted_busy(running, steps)
-        fixed = refit.fixed_costs(running, steps)["gpu"]
-        assert (fixed.share < refit.MAX_FIXED_SHARE) == rate_bound, fixed
-        measured = {lane: seconds * (3.3 if lane == "gpu" else 1.0)
-                    for lane, seconds in predicted.items()}  # fmt: skip
-        factors = refit.replan(running, config, measured, steps).factors
-        assert ("gpu" in factors) == rate_bound and (refit.FLOORS in factors) != rate_bound
-        fitted = refit.refit_machine(m, factors)
-        again = refit.predicted_busy(replace(running, machine=fitted), steps)["gpu"]
-        assert again == pytest.approx(measured["gpu"], rel=0.02), (batch, factors)
-    doubled = refit.refit_machine(m, {refit.FLOORS: 2.0})
-    assert doubled.gpu.layer_bwd_floor_s == 3e-3
+        assert (refit.fixed_shares(running, steps)["gpu"] < refit.MAX_FIXED_SHARE) == rate_bound
+        by_kind = {kind: seconds * slower.get(kind, 1.0)
+                   for kind, seconds in refit.predicted_busy_by_kind(running, steps).items()}  # fmt: skip
+        measured = refit.predicted_busy(running, steps)
+        measured["gpu"] = sum(by_kind[k] for k in ("fwd", "bwd", "loss", "gpu_adam", "recompute")
+                              if k in by_kind)  # fmt: skip
+        factors = refit.replan(running, config, measured, steps, by_kind).factors
+        assert ("gpu" in factors) == rate_bound, factors
+        assert all((f in factors) != rate_bound for f in FLOOR_FIELDS), factors
+        refitted = replace(running, machine=refit.refit_machine(m, factors))
+        if rate_bound:  # one factor on the lane's rates: its total as measured
+            again = refit.predicted_busy(refitted, steps)["gpu"]
+            assert again == pytest.approx(measured["gpu"], rel=0.02), factors
+        else:  # one per floor: each op kind's time as measured
+            again_by_kind = refit.predicted_busy_by_kind(refitted, steps)
+            for kind in ("fwd", "bwd", "loss"):
+                assert again_by_kind[kind] == pytest.approx(by_kind[kind], rel=0.02), kind
+    doubled = refit.refit_machine(m, {"layer_bwd_floor_s": 2.0})
+    assert doubled.gpu.layer_bwd_floor_s == 3e-3 and doubled.gpu.layer_fwd_floor_s == 1e-3
     assert doubled.gpu.bf16_matmul_tflops == m.gpu.bf16_matmul_tflops
-    assert "floor-bound: x 2.0000" in doubled.source("gpu.loss_floor_s")
+    assert "measured ops it bounds: x 2.0000" in doubled.source("gpu.layer_bwd_floor_s")

@@ -12,7 +12,6 @@ from slide.calibration import auto_machine, host_probes
 from slide.calibration import gpu_probes as cal
 from slide.cli import main
 from slide.training import TrainRequest, resolve_machine
-from slide_ir.planning import refit
 from slide_ir.planning.planner import plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine, load_machine_toml
@@ -196,9 +195,10 @@ def test_a_runs_refit_rates_are_written_back_to_the_cache(probes):
     assert again.gpu == first.gpu and again.link == first.link
     assert probes.calls == 3  # measured once
     assert "re-fit" in again.source("cpu.adam_elems_per_s_per_core")
-    auto_machine.refit_cache(CUDA, {refit.FLOORS: 1.5})  # a small model's floor-bound run
+    auto_machine.refit_cache(CUDA, {"layer_fwd_floor_s": 1.5})  # a floor-bound run's re-fit
     floored = auto_machine.auto_machine(CUDA)
     assert floored.gpu.layer_fwd_floor_s == pytest.approx(1.5 * first.gpu.layer_fwd_floor_s)
+    assert floored.gpu.layer_bwd_floor_s == first.gpu.layer_bwd_floor_s
     assert floored.gpu.bf16_matmul_tflops == first.gpu.bf16_matmul_tflops
 
 
