@@ -58,20 +58,23 @@ class Replanned:
 
 def predicted_busy(p: Plan, steps: set[int]) -> dict[str, float]:
     """Seconds of op time per lane kind that `p`'s profile predicts over `steps` of its graph."""
-    return _predicted(p, steps, lambda s: lane_kind(s.lane))
+    return _busy(predicted_spans(p, steps), lambda s: lane_kind(s.lane))
 
 
 def predicted_busy_by_kind(p: Plan, steps: set[int]) -> dict[str, float]:
     """The same per op kind."""
-    return _predicted(p, steps, lambda s: s.kind)
+    return _busy(predicted_spans(p, steps), lambda s: s.kind)
 
 
-def _predicted(p: Plan, steps: set[int], key: Callable[[Span], str]) -> dict[str, float]:
+def predicted_spans(p: Plan, steps: set[int]) -> list[Span]:
     trace = predict(p.graph, CostModel(p.machine, cpu_threads=p.config.cpu_threads))
+    return [s for s in trace.spans if s.step in steps]
+
+
+def _busy(spans: list[Span], key: Callable[[Span], str]) -> dict[str, float]:
     busy: dict[str, float] = {}
-    for s in trace.spans:
-        if s.step in steps:
-            busy[key(s)] = busy.get(key(s), 0.0) + s.duration
+    for s in spans:
+        busy[key(s)] = busy.get(key(s), 0.0) + s.duration
     return busy
 
 
@@ -89,18 +92,19 @@ def fixed_shares(p: Plan, steps: set[int]) -> dict[str, float]:
     return {kind: fixed[kind] / seconds for kind, seconds in total.items() if seconds > 0}
 
 
-def floor_factors(p: Plan, steps: set[int], measured: Mapping[str, float]) -> dict[str, float]:
+def floor_factors(
+    p: Plan, steps: set[int], measured: Mapping[str, float], predicted: Mapping[str, float]
+) -> dict[str, float]:
     """Per dispatch floor of `p`'s GPU (`FLOOR_KINDS`), the factor that gives the measured busy
-    time of the op kinds it bounds (`measured`: seconds per op kind over `steps`): their whole
-    gap between measured and predicted put on the floors that bind (those ops' time is their
-    floor). A floor none of whose ops it binds, or whose factor lies outside `FACTOR_RANGE`,
-    gets none."""
+    time of the op kinds it bounds (`measured` and `predicted`: seconds per op kind over
+    `steps`): their whole gap between measured and predicted put on the floors that bind (those
+    ops' time is their floor). A floor none of whose ops it binds, or whose factor lies outside
+    `FACTOR_RANGE`, gets none."""
     costs = CostModel(p.machine, cpu_threads=p.config.cpu_threads)
     binding: dict[str, float] = {}
     for op in p.graph.ops:
         if op.step in steps:
             binding[op.kind] = binding.get(op.kind, 0.0) + costs.binding_floor(op)
-    predicted = predicted_busy_by_kind(p, steps)
     lo, hi = FACTOR_RANGE
     factors = {}
     for field, kinds in FLOOR_KINDS.items():
@@ -197,10 +201,11 @@ def fitted_factors(
     GPU computes."""
     bound = {kind for kind, share in fixed_shares(running, steps).items()
              if share >= MAX_FIXED_SHARE}  # fmt: skip
-    predicted = predicted_busy(running, steps)
-    factors = {k: v for k, v in lane_factors(measured, predicted).items() if k not in bound}
+    spans = predicted_spans(running, steps)
+    by_lane = _busy(spans, lambda s: lane_kind(s.lane))
+    factors = {k: v for k, v in lane_factors(measured, by_lane).items() if k not in bound}
     if "gpu" in bound:
-        factors |= floor_factors(running, steps, by_kind)
+        factors |= floor_factors(running, steps, by_kind, _busy(spans, lambda s: s.kind))
     return factors
 
 
