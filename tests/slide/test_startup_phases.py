@@ -24,7 +24,7 @@ def test_summary_says_where_the_seconds_went(tmp_path, tokens, capsys, caplog):
         assert startup[f"{phase}_s"] >= 0, startup
     assert startup["to_first_step_s"] <= startup["to_first_step_end_s"]
     first = startup["to_first_step_end_s"] - startup["to_first_step_s"]
-    assert abs(first - startup["first step_s"]) < 2e-3
+    assert abs(first - startup["first step_s"]) <= 1.5e-3 + 1e-9  # three roundings to 1 ms
     assert {"steps_s", "save_s", "release_s", "report_s"} <= shutdown.keys()
     logged = {r.getMessage().rsplit(" ", 2)[0] for r in caplog.records}
     assert {"imports", "state", "first step", "save"} <= logged  # one -v line per phase
