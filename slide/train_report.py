@@ -185,8 +185,8 @@ def phase_summary(phases: Phases) -> dict[str, Any]:
     """`startup`: seconds per phase from the command to the first step's end, and their sum;
     `shutdown`: the same from the first step's end to here (the steps included, apart)."""
     startup, shutdown = phases.table(STARTUP), phases.table(SHUTDOWN)
-    ran = [n for n in STARTUP if n in phases.seconds]  # sums of the unrounded seconds
-    before_first = sum(phases.seconds[n] for n in ran if n != "first step")
+    # sums of the unrounded seconds, so the two differ by the first step's own seconds
+    before_first = sum(phases.seconds.get(n, 0.0) for n in STARTUP if n != "first step")
     startup["to_first_step_s"] = round(before_first, 3)
     startup["to_first_step_end_s"] = round(before_first + phases.seconds.get("first step", 0), 3)
     startup.update({f"{k}_s (background)": round(v, 3) for k, v in phases.overlapped.items()})
