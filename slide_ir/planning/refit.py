@@ -15,12 +15,11 @@ re-fit profile, so measurement noise does not move a run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 from slide_ir.ir.graph import lane_kind
-from slide_ir.ir.trace import Span
 from slide_ir.planning.cost import FLOOR_FIELDS, FLOOR_KINDS, CostModel
 from slide_ir.planning.planner import Plan, plan
 from slide_ir.planning.timeline import predict, predict_step_s
@@ -56,26 +55,17 @@ class Replanned:
         }
 
 
-def predicted_busy(p: Plan, steps: set[int]) -> dict[str, float]:
-    """Seconds of op time per lane kind that `p`'s profile predicts over `steps` of its graph."""
-    return _busy(predicted_spans(p, steps), lambda s: lane_kind(s.lane))
-
-
-def predicted_busy_by_kind(p: Plan, steps: set[int]) -> dict[str, float]:
-    """The same per op kind."""
-    return _busy(predicted_spans(p, steps), lambda s: s.kind)
-
-
-def predicted_spans(p: Plan, steps: set[int]) -> list[Span]:
+def predicted_busy(p: Plan, steps: set[int]) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds of op time that `p`'s profile predicts over `steps` of its graph: per lane kind,
+    and per op kind (one prediction for both)."""
     trace = predict(p.graph, CostModel(p.machine, cpu_threads=p.config.cpu_threads))
-    return [s for s in trace.spans if s.step in steps]
-
-
-def _busy(spans: list[Span], key: Callable[[Span], str]) -> dict[str, float]:
-    busy: dict[str, float] = {}
-    for s in spans:
-        busy[key(s)] = busy.get(key(s), 0.0) + s.duration
-    return busy
+    by_lane: dict[str, float] = {}
+    by_kind: dict[str, float] = {}
+    for s in trace.spans:
+        if s.step in steps:
+            by_lane[lane_kind(s.lane)] = by_lane.get(lane_kind(s.lane), 0.0) + s.duration
+            by_kind[s.kind] = by_kind.get(s.kind, 0.0) + s.duration
+    return by_lane, by_kind
 
 
 def fixed_shares(p: Plan, steps: set[int]) -> dict[str, float]:
@@ -201,11 +191,10 @@ def fitted_factors(
     GPU computes."""
     bound = {kind for kind, share in fixed_shares(running, steps).items()
              if share >= MAX_FIXED_SHARE}  # fmt: skip
-    spans = predicted_spans(running, steps)
-    by_lane = _busy(spans, lambda s: lane_kind(s.lane))
+    by_lane, predicted_by_kind = predicted_busy(running, steps)
     factors = {k: v for k, v in lane_factors(measured, by_lane).items() if k not in bound}
     if "gpu" in bound:
-        factors |= floor_factors(running, steps, by_kind, _busy(spans, lambda s: s.kind))
+        factors |= floor_factors(running, steps, by_kind, predicted_by_kind)
     return factors
 
 

@@ -112,8 +112,8 @@ def test_a_lane_bound_by_its_floors_refits_the_floors_not_the_rates():
         running = plan(load_model("llama-3.2-1b"), m, config)
         assert (refit.fixed_shares(running, steps)["gpu"] < refit.MAX_FIXED_SHARE) == rate_bound
         by_kind = {kind: seconds * slower.get(kind, 1.0)
-                   for kind, seconds in refit.predicted_busy_by_kind(running, steps).items()}  # fmt: skip
-        measured = refit.predicted_busy(running, steps)
+                   for kind, seconds in refit.predicted_busy(running, steps)[1].items()}  # fmt: skip
+        measured = refit.predicted_busy(running, steps)[0]
         measured["gpu"] = sum(by_kind[k] for k in ("fwd", "bwd", "loss", "gpu_adam", "recompute")
                               if k in by_kind)  # fmt: skip
         factors = refit.replan(running, config, measured, steps, by_kind).factors
@@ -121,10 +121,10 @@ def test_a_lane_bound_by_its_floors_refits_the_floors_not_the_rates():
         assert all((f in factors) != rate_bound for f in FLOOR_FIELDS), factors
         refitted = replace(running, machine=refit.refit_machine(m, factors))
         if rate_bound:  # one factor on the lane's rates: its total as measured
-            again = refit.predicted_busy(refitted, steps)["gpu"]
+            again = refit.predicted_busy(refitted, steps)[0]["gpu"]
             assert again == pytest.approx(measured["gpu"], rel=0.02), factors
         else:  # one per floor: each op kind's time as measured
-            again_by_kind = refit.predicted_busy_by_kind(refitted, steps)
+            again_by_kind = refit.predicted_busy(refitted, steps)[1]
             for kind in ("fwd", "bwd", "loss"):
                 assert again_by_kind[kind] == pytest.approx(by_kind[kind], rel=0.02), kind
     doubled = refit.refit_machine(m, {"layer_bwd_floor_s": 2.0})
