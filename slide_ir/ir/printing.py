@@ -4,7 +4,8 @@ Small schedules in tests are written in it. Lines are `key=value` tokens, shell-
 
     info schedule=sliding model=tiny machine=m batch=1 seq=8 steps=1 ... placement=sliding,...
     pool gpu_units tier=gpu slots=2 slot_bytes=1024 static=0 role=unit units=1,2,3
-    op s1.L1.fwd kind=fwd lane=gpu step=1 unit=1 flops=1e9 deps=s1.L1.w.h2d acquires=gpu_acts.1
+    op s1.L1.fwd kind=fwd lane=gpu step=1 unit=1 flops=1e9 gemms=64x96x32,64x32x32*2
+        attention=1x4x64x8 deps=s1.L1.w.h2d acquires=gpu_acts.1
         reads=L1.w@gpu_units.0,s1.L1.x@gpu_acts.0 writes=s1.L2.x@gpu_acts.1
 
 (one line each). Values are `name@slot`, `+=` after an accumulating write. Omitted fields take
@@ -18,6 +19,8 @@ import shlex
 from dataclasses import fields
 
 from slide_ir.ir.graph import (
+    Attention,
+    Gemm,
     Graph,
     GraphError,
     GraphInfo,
@@ -59,6 +62,10 @@ def format_op(op: Op) -> str:
     if op.micro:
         items["micro"] = op.micro
     items.update({k: getattr(op.work, k) for k in _WORK if getattr(op.work, k)})
+    if op.work.gemms:
+        items["gemms"] = ",".join(map(str, op.work.gemms))
+    if op.work.attention is not None:
+        items["attention"] = op.work.attention
     items.update({k: ",".join(getattr(op, k)) for k in _LISTS if getattr(op, k)})
     items.update({k: ",".join(map(str, getattr(op, k))) for k in _VALUES if getattr(op, k)})
     return f"op {op.id} " + _kv(items)
@@ -139,6 +146,8 @@ def _parse_op(op_id: str, kv: dict[str, str]) -> Op:
             attn_flops=float(kv.get("attn_flops", 0)),
             bytes=int(kv.get("bytes", 0)),
             elements=int(kv.get("elements", 0)),
+            gemms=tuple(Gemm.parse(g) for g in listed("gemms")),
+            attention=Attention.parse(kv["attention"]) if "attention" in kv else None,
         ),
         deps=listed("deps"),
         acquires=listed("acquires"),

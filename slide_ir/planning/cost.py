@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slide_ir.ir.graph import Op, OpKind, Work
+from slide_ir.planning.gpu_rates import REF_LCE, ShapeRates
+from slide_ir.planning.shapes import loss_gemms
 
 # Latency of one ring step of an intra-node collective (a send to the next rank and its
 # arrival). An estimate, not a measurement: NCCL's small-message collectives on one NVLink node
@@ -105,7 +107,7 @@ class _Rates:
 class CostModel:
     """(op) -> seconds for one machine. Stateless after construction."""
 
-    __slots__ = ("efficiency", "machine", "nproc", "rates", "threads")
+    __slots__ = ("efficiency", "lce_factor", "machine", "nproc", "rates", "shapes", "threads")
 
     def __init__(
         self,
@@ -122,6 +124,9 @@ class CostModel:
         self.nproc = nproc  # data-parallel ranks sharing this machine's host
         self.efficiency = efficiency or Efficiency()
         self.rates = _resolve(machine, cpu_threads, self.efficiency, nproc)
+        r = self.rates
+        self.shapes = ShapeRates(machine.gpu, matmul=r.flops, attention=r.attention, hbm=r.hbm)
+        self.lce_factor = self._lce_factor()
 
     def seconds(self, op: Op) -> float:
         return self.efficiency.launch_s + max(HANDLERS[op.kind](self, op), self.floor(op))
@@ -155,13 +160,37 @@ class CostModel:
         return self.efficiency.launch_s + _adam_at(self, op, min(1.0, dma_load * self.nproc))
 
     def compute_seconds(self, w: Work) -> float:
-        """GPU compute: matmul, attention and elementwise kernels, serial."""
+        """GPU compute: matmul, attention and elementwise kernels, serial. Each GEMM and the
+        attention at the rate of its shape where the work gives it (`gpu_rates`), else at the
+        profile's flat rates."""
         r = self.rates
-        return (
-            (w.flops - w.attn_flops) / r.flops
-            + w.attn_flops / r.attention
-            + w.bytes / r.elementwise
+        if w.gemms:
+            matmul = sum(self.shapes.gemm_seconds(g) for g in w.gemms)
+        else:
+            matmul = (w.flops - w.attn_flops) / r.flops
+        attention = (
+            r.attention if w.attention is None else self.shapes.attention_flops_per_s(w.attention)
         )
+        return matmul + w.attn_flops / attention + w.bytes / r.elementwise
+
+    def loss_seconds(self, w: Work) -> float:
+        """The fused loss: its chunks' GEMMs and logits traffic, scaled by what the profile's
+        LCE rate says our kernel adds to them at the probe's shape (`lce_factor`); without
+        shapes, the logits at the LCE rate."""
+        if w.gemms:
+            return self.lce_factor * self.compute_seconds(w)
+        if self.rates.lce is not None and w.elements:
+            return w.elements / self.rates.lce
+        return self.compute_seconds(w)
+
+    def _lce_factor(self) -> float:
+        """Measured / modelled time of the LCE probe's shape (1 without a measured rate)."""
+        if self.rates.lce is None:
+            return 1.0
+        ref = REF_LCE
+        probe = Work(bytes=14 * ref["tokens"] * ref["vocab"], gemms=loss_gemms(**REF_LCE))
+        measured = ref["tokens"] * ref["vocab"] / self.rates.lce
+        return measured / self.compute_seconds(probe)
 
     def describe(self) -> dict[str, object]:
         """Rates as used, for a trace's `meta` (what produced these predictions)."""
@@ -240,9 +269,7 @@ def _gpu_compute(cm: CostModel, op: Op) -> float:
 
 
 def _loss(cm: CostModel, op: Op) -> float:
-    if cm.rates.lce is not None and op.work.elements:
-        return op.work.elements / cm.rates.lce
-    return cm.compute_seconds(op.work)
+    return cm.loss_seconds(op.work)
 
 
 def _gpu_adam(cm: CostModel, op: Op) -> float:

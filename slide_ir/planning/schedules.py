@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work, slot_id
 from slide_ir.planning.builder import GraphBuilder, Taken
 from slide_ir.planning.drives import act_drive, act_pool
-from slide_ir.planning.ledger import BF16, FP32, adam_bytes_per_param, unit_params
+from slide_ir.planning.ledger import (
+    BF16,
+    FP32,
+    adam_bytes_per_param,
+    lce_chunk_tokens,
+    unit_params,
+)
+from slide_ir.planning.shapes import layer_work, loss_work
 from slide_ir.planning.values import at, grads, micro_prefix, unit_homes, unit_value, weights
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
@@ -161,7 +168,6 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
     """Embedding, decoder layers 1..n, then the fused loss (LCE: forward and backward at once).
     `before_layer(u)` runs before unit u's compute is emitted (to issue prefetches)."""
     m, c, n, b = ctx.model, ctx.config, ctx.n, ctx.b
-    bs = (c.batch, c.seq)
 
     def oid(u: int, w: str) -> str:
         return ctx.oid(step, micro, u, w)
@@ -217,11 +223,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         "gpu",
         step=step,
         unit=n + 1,
-        work=Work(
-            flops=m.head_fwd_flops(*bs) + m.head_bwd_flops(*bs),
-            bytes=m.head_elementwise_bytes(*bs),
-            elements=c.batch * c.seq * m.vocab_size,  # logits
-        ),
+        work=loss_work(m, c, lce_chunk_tokens(m, c)),
         deps=[ctx.weights_ready.get(n + 1)],
         acquire=["gpu_hidden_grads"],
         scratch=["gpu_workspace"],
@@ -300,18 +302,6 @@ def _taped_backward(ctx: Ctx, step: int, micro: int, j: int) -> None:
                ctx.at(ctx.hidden(step, micro, j + 1, "dx"), dx_in)],
         writes=[ctx.grads_write(j, micro), ctx.taken(ctx.hidden(step, micro, j, "dx"))],
     )  # fmt: skip
-
-
-def layer_work(model: ModelSpec, config: TrainConfig, *, backward: bool) -> Work:
-    """One decoder layer's forward (or recompute) or backward: matmul and attention FLOPs, and
-    the elementwise kernels' HBM traffic (the backward's is about twice the forward's)."""
-    bs = (config.batch, config.seq)
-    scale = 2 if backward else 1
-    return Work(
-        flops=scale * model.layer_fwd_flops(*bs),
-        attn_flops=scale * model.attention_fwd_flops(*bs),
-        bytes=scale * model.layer_elementwise_bytes(*bs),
-    )
 
 
 def _save_activation(ctx: Ctx, step: int, micro: int, i: int) -> None:

@@ -140,9 +140,8 @@ def _sharded(op: Op, q: int, nproc: int, rank: int) -> Op:
         return op
     start, end = shard_range(q, nproc, rank)
     w = op.work
-    return replace(op, work=Work(flops=w.flops, attn_flops=w.attn_flops,
-                                 bytes=_part(w.bytes, end - start, q),
-                                 elements=_part(w.elements, end - start, q)))  # fmt: skip
+    return replace(op, work=replace(w, bytes=_part(w.bytes, end - start, q),
+                                    elements=_part(w.elements, end - start, q)))  # fmt: skip
 
 
 def _part(amount: int, shard: int, q: int) -> int:

@@ -15,7 +15,6 @@ MIN_GAIN: the estimate is rough, and streaming costs GPU memory and pinned RAM.
 
 from __future__ import annotations
 
-from slide_ir.ir.graph import Work
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.ledger import (
     BF16,
@@ -23,10 +22,12 @@ from slide_ir.planning.ledger import (
     adam_bytes_per_param,
     build_ledger,
     gpu_budget,
+    lce_chunk_tokens,
     resident_preference,
     unit_params,
 )
-from slide_ir.planning.schedules import StatePace, layer_work
+from slide_ir.planning.schedules import StatePace
+from slide_ir.planning.shapes import layer_work, loss_work
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec
@@ -91,8 +92,7 @@ def _layer_s(model: ModelSpec, config: TrainConfig, cost: CostModel) -> float:
 
 
 def _loss_s(model: ModelSpec, config: TrainConfig, cost: CostModel) -> float:
-    b, s = config.batch, config.seq
-    return cost.compute_seconds(Work(flops=model.head_fwd_flops(b, s) + model.head_bwd_flops(b, s)))
+    return cost.loss_seconds(loss_work(model, config, lce_chunk_tokens(model, config)))
 
 
 def estimate_step_s(

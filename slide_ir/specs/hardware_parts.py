@@ -13,7 +13,7 @@ Invariant: every figure is positive and finite (sizes and core counts whole), st
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
@@ -39,7 +39,7 @@ class Figure:
 
 # Annotations are strings here (PEP 563): a figure field must be spelled one of these ways.
 _TYPES: dict[object, type] = {"int": int, "int | None": int, "float": float, "float | None": float,
-                              "str": str, "bool": bool}  # fmt: skip
+                              "str": str, "str | None": str, "bool": bool}  # fmt: skip
 
 
 def _key_scale(f: Field[Any]) -> tuple[str, int]:
@@ -103,14 +103,45 @@ class Gpu:
     layer_fwd_floor_s: float | None = None
     layer_bwd_floor_s: float | None = None
     loss_floor_s: float | None = None
+    # Streaming multiprocessors (datasheet or the driver): the wave-quantisation term of the
+    # shape curves (`slide_ir.planning.gpu_rates`; None: no such term)
+    sm_count: int | None = None
+    # Measured rates at the probes' shapes, `DIMS:TFLOPS` items (`parse_grid`): GEMMs as MxNxK,
+    # causal attention as BATCHxHEADSxSEQxHEAD_DIM (None: the derived curves alone)
+    gemm_grid: str | None = None
+    attention_grid: str | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
+        parse_grid(self.gemm_grid)  # a bad point fails here, naming itself
+        parse_grid(self.attention_grid)
         # GeForce cards boost past their rated clock, so an achieved rate may top the datasheet a
         # little; 1.5x the peak catches unit slips (TFLOP/s written as GFLOP/s) instead.
         for name in ("bf16_matmul_tflops", "attention_tflops"):
             if getattr(self, name) > 1.5 * self.bf16_peak_tflops:
                 raise ValueError(f"Gpu.{name} must be <= 1.5 x bf16_peak_tflops")
+
+
+def parse_grid(text: str | None) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """A profile's grid string, `DIMS:TFLOPS` items separated by spaces (dims `x`-joined),
+    as (dims, TFLOP/s) pairs; None or "" is no grid."""
+    points = []
+    for item in (text or "").split():
+        dims, sep, rate = item.partition(":")
+        try:
+            point = (tuple(int(d) for d in dims.split("x")), float(rate))
+        except ValueError:
+            point = ((), 0.0)
+        if not sep or not point[0] or not point[1] > 0 or min(point[0]) < 1:
+            raise ValueError(
+                f"bad grid point {item!r}: expected DIMS:TFLOPS, e.g. 8192x4096x4096:700"
+            )
+        points.append(point)
+    return tuple(points)
+
+
+def format_grid(points: Iterable[tuple[Sequence[int], float]]) -> str:
+    return " ".join(f"{'x'.join(map(str, dims))}:{rate:.4g}" for dims, rate in points)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,94 @@
+"""The GPU work of a decoder layer and of the fused loss, with the shapes the executor runs.
+
+A GEMM's or an attention kernel's rate depends on its shape, so the ops carry the shapes
+(`Work.gemms`, `Work.attention`) and the cost model prices each by its own (`gpu_rates`). The
+shapes are those of the executor's layers (`executor/layers.py`), T = batch x seq tokens:
+
+    forward, per layer    qkv   (T, q + 2 kv, H)    q, k, v in one GEMM (`qkv.w`)
+                          o     (T, H, q)
+                          gate_up (T, 2 I, H)       gate and up in one GEMM (`gate_up.w`)
+                          down  (T, H, I)
+    backward, each (M, N, K) above gives d(input) (M, K, N) and d(weight) (N, K, M)
+
+    fused loss (`kernels.lce`), per chunk of C tokens (the last one shorter):
+                          logits (C, V, H), d(hidden) (C, H, V), d(weight) (V, H, C)
+
+A mixture-of-experts layer's routed GEMMs depend on the routing; its work carries no shapes and
+is priced at the flat matmul rate.
+"""
+
+from __future__ import annotations
+
+from slide_ir.ir.graph import Attention, Gemm, Work
+from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.model import ModelSpec
+
+
+def layer_forward_gemms(model: ModelSpec, tokens: int) -> tuple[Gemm, ...]:
+    """(M, N, K) of one decoder layer's forward matmuls over `tokens` rows; () for MoE."""
+    if model.is_moe:
+        return ()
+    h, i, q, kv = model.hidden_size, model.intermediate_size, model.q_dim, model.kv_dim
+    shapes = ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i))  # (out, in) of each linear
+    return tuple(Gemm(m=tokens, n=out, k=inp) for out, inp in shapes)
+
+
+def backward_gemms(forward: tuple[Gemm, ...]) -> tuple[Gemm, ...]:
+    """Each forward GEMM's two backward products: d(input) and d(weight)."""
+    grads = []
+    for g in forward:
+        grads.append(Gemm(m=g.m, n=g.k, k=g.n, count=g.count))  # dY (M, N) @ W (N, K)
+        grads.append(Gemm(m=g.n, n=g.k, k=g.m, count=g.count))  # dY^T (N, M) @ X (M, K)
+    return tuple(grads)
+
+
+def layer_attention(model: ModelSpec, batch: int, seq: int) -> Attention:
+    window = model.sliding_window if model.sliding_window and model.sliding_window < seq else 0
+    return Attention(
+        batch=batch, heads=model.num_heads, seq=seq, head_dim=model.head_dim, window=window
+    )
+
+
+def layer_work(model: ModelSpec, config: TrainConfig, *, backward: bool) -> Work:
+    """One decoder layer's forward (or recompute) or backward: matmul and attention FLOPs with
+    their shapes, and the elementwise kernels' HBM traffic (the backward's about twice)."""
+    bs = (config.batch, config.seq)
+    scale = 2 if backward else 1
+    gemms = layer_forward_gemms(model, config.batch * config.seq)
+    return Work(
+        flops=scale * model.layer_fwd_flops(*bs),
+        attn_flops=scale * model.attention_fwd_flops(*bs),
+        bytes=scale * model.layer_elementwise_bytes(*bs),
+        gemms=backward_gemms(gemms) if backward else gemms,
+        attention=layer_attention(model, *bs),
+    )
+
+
+def loss_gemms(*, hidden: int, vocab: int, tokens: int, chunk: int) -> tuple[Gemm, ...]:
+    """The fused loss's GEMMs, forward and backward, over `tokens` in chunks of `chunk`."""
+    full, rest = divmod(tokens, chunk)
+    sizes = [(chunk, full)] if full else []
+    sizes += [(rest, 1)] if rest else []
+    h, v = hidden, vocab
+    gemms = []
+    for c, count in sizes:
+        gemms += [Gemm(m=c, n=v, k=h, count=count), Gemm(m=c, n=h, k=v, count=count),
+                  Gemm(m=v, n=h, k=c, count=count)]  # fmt: skip
+    return tuple(gemms)
+
+
+def loss_work(model: ModelSpec, config: TrainConfig, chunk: int) -> Work:
+    """The fused linear cross-entropy, forward and backward: LM-head FLOPs with the chunks'
+    GEMM shapes, the logits' elementwise traffic, and the logits count."""
+    bs = (config.batch, config.seq)
+    return Work(
+        flops=model.head_fwd_flops(*bs) + model.head_bwd_flops(*bs),
+        bytes=model.head_elementwise_bytes(*bs),
+        elements=config.batch * config.seq * model.vocab_size,
+        gemms=loss_gemms(
+            hidden=model.hidden_size,
+            vocab=model.vocab_size,
+            tokens=config.batch * config.seq,
+            chunk=chunk,
+        ),
+    )
