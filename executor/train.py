@@ -47,6 +47,7 @@ from slide_ir.planning.data_parallel import check_nproc, shard_plan
 from slide_ir.planning.planner import Plan, plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
+from slide_ir.specs.hardware_parts import default_optimizer_threads as threads_rule
 from slide_ir.specs.model import ModelSpec
 
 log = logging.getLogger("executor.train")
@@ -404,14 +405,10 @@ def optimizer_threads(config: TrainConfig, nproc: int = 1) -> int:
 
 
 def default_optimizer_threads(nproc: int = 1) -> int:
-    """Every core but four: the gpu lane's thread issuing kernels, autograd's device thread,
-    the copy lanes and the main thread need theirs. On the H200 host (16 vCPUs) 12 optimizer
-    threads ran a 3B step 7% faster than 14 (bench/RESULTS.md). `nproc` data-parallel ranks on
-    one host share those cores (each updates 1/N of the elements, as the cost model prices it):
-    N x 12 threads on 16 cores would only fight. In CPU mode the caller's torch setting is left
-    alone: there the compute shares the cores too."""
+    """This host's cores under the one rule (`slide_ir.specs.hardware_parts.default_optimizer_threads`).
+    In CPU mode the caller's torch setting is left alone: there the compute shares the cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, ((cores or 1) - 4) // nproc)
+    return threads_rule(cores or 1, nproc)
 
 
 __all__ = [

@@ -22,6 +22,7 @@ import torch
 from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_device, update_host
 from executor.buffers import HostMemory, OptState
 from slide.fileio import fsync_path
+from slide_ir.planning.gpu_rates import REF_LCE, REF_TOKENS
 from slide_ir.specs.model import ModelSpec
 
 HostUnit = tuple[torch.Tensor, list[Part], torch.Tensor]  # gradient, state parts, output
@@ -36,9 +37,9 @@ class Figure:
     threads: int = 0  # CPU probes: the intra-op threads they ran with
 
 
-def _cuda_median(fn: Callable[[], object], repeats: int = 10) -> float:
-    """Seconds per call: CUDA events around each call, after two warm-up calls."""
-    for _ in range(2):
+def cuda_median(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
+    """Seconds per call: CUDA events around each call, after `warmup` calls."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
@@ -63,23 +64,23 @@ def _host_median(fn: Callable[[], object], repeats: int = 5) -> float:
 
 
 # -- GPU ----------------------------------------------------------------------------------------
-def layer_linears(model: ModelSpec) -> list[tuple[int, int]]:
-    """(out, in) of one decoder layer's seven linears."""
+def matmul_rate(model: ModelSpec, tokens: int = REF_TOKENS) -> Figure:
+    """A whole layer's GEMMs as the executor runs them (q, k, v in one; gate and up in one),
+    forward and both backward products, BF16: at llama-3.1-8b and 8192 tokens, the reference
+    shapes of the cost model's GEMM curve (`slide_ir.planning.gpu_rates`)."""
     h, i, q, kv = model.hidden_size, model.intermediate_size, model.q_dim, model.kv_dim
-    return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
-
-
-def matmul_rate(model: ModelSpec, tokens: int = 8192) -> Figure:
-    """A whole layer's linears, forward and both backward products, BF16."""
     flops = seconds = 0.0
-    for out_f, in_f in layer_linears(model):
+    for out_f, in_f in ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i)):
         x = torch.randn(tokens, in_f, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(tokens, out_f, device="cuda", dtype=torch.bfloat16)
         for fn in (lambda: x @ w.t(), lambda: dy @ w, lambda: dy.t() @ x):  # noqa: B023
-            seconds += _cuda_median(fn)
+            seconds += cuda_median(fn)
             flops += 2.0 * tokens * out_f * in_f
-    return Figure(flops / seconds, f"{model.name} layer linears fwd+bwd, {tokens} tokens, bf16")
+    return Figure(
+        flops / seconds,
+        f"{model.name} layer GEMMs (fused qkv, gate_up) fwd+bwd, {tokens} tokens, bf16",
+    )
 
 
 def attention_rate(model: ModelSpec, batch: int = 4, seq: int = 2048) -> Figure:
@@ -96,21 +97,22 @@ def attention_rate(model: ModelSpec, batch: int = 4, seq: int = 2048) -> Figure:
         out.backward(grad)
 
     fwd = 2 * 2 * batch * model.num_heads * seq * seq * model.head_dim / 2
-    return Figure(3 * fwd / _cuda_median(step), f"SDPA causal fwd+bwd, {shape}, bf16")
+    return Figure(3 * fwd / cuda_median(step), f"SDPA causal fwd+bwd, {shape}, bf16")
 
 
 def hbm_rate(size_mb: int = 2048) -> Figure:
     src = torch.empty(size_mb * MB, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    seconds = _cuda_median(lambda: dst.copy_(src))
+    seconds = cuda_median(lambda: dst.copy_(src))
     return Figure(
         2 * src.numel() / seconds, f"device-to-device copy of {size_mb} MiB (read + write)"
     )
 
 
-def lce_rate(model: ModelSpec, tokens: int = 8192) -> Figure:
+def lce_rate(model: ModelSpec, tokens: int = REF_LCE["tokens"]) -> Figure:
     """Our fused linear cross-entropy, forward + backward (GEMMs included), at the model's
-    hidden size and vocabulary: logits (tokens x vocab) per second."""
+    hidden size and vocabulary in the reference chunks (`gpu_rates.REF_LCE`): logits (tokens
+    x vocab) per second."""
     from kernels import fused_linear_cross_entropy
 
     def leaf(*shape: int) -> torch.Tensor:
@@ -121,9 +123,9 @@ def lce_rate(model: ModelSpec, tokens: int = 8192) -> Figure:
     labels = torch.randint(0, model.vocab_size, (tokens,), device="cuda")
 
     def step() -> None:  # as the executor's loss: gradients added into preset .grad buffers
-        fused_linear_cross_entropy(h, w, labels).backward()
+        fused_linear_cross_entropy(h, w, labels, chunk_size=REF_LCE["chunk"]).backward()
 
-    seconds = _cuda_median(step, repeats=5)
+    seconds = cuda_median(step, repeats=5)
     return Figure(
         tokens * model.vocab_size / seconds,
         f"{model.name} fused LCE fwd+bwd, {tokens} tokens x {model.vocab_size} vocab, bf16",
@@ -160,7 +162,7 @@ def elementwise_rate(model: ModelSpec, tokens: int = 16384) -> Figure:
         ]
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
-    seconds = _cuda_median(step, repeats=5)
+    seconds = cuda_median(step, repeats=5)
     return Figure(
         3 * m.layer_elementwise_bytes(1, tokens) / seconds,
         f"{m.name} layer norms, RoPE, SwiGLU, residuals fwd+bwd, {tokens} tokens, bf16",
@@ -181,7 +183,7 @@ def gpu_adam_rate(elements: int = 64 * MB) -> Figure:
     grad32, step_t = torch.empty(elements, device="cuda"), torch.zeros((), device="cuda")
     hp = StepHp(step=1, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
     layout = _WholeBuffer(elements)
-    seconds = _cuda_median(
+    seconds = cuda_median(
         lambda: update_device(layout, weights, grad, state, hp, step_t, grad32),
         repeats=5,
     )
@@ -277,10 +279,10 @@ def link_rates(size_mb: int = 1024) -> dict[str, Figure]:
 
     return {
         "h2d": Figure(
-            n / _cuda_median(lambda: dev.copy_(pinned, non_blocking=True)), f"pinned h2d, {note}"
+            n / cuda_median(lambda: dev.copy_(pinned, non_blocking=True)), f"pinned h2d, {note}"
         ),
         "d2h": Figure(
-            n / _cuda_median(lambda: pinned.copy_(dev, non_blocking=True)), f"pinned d2h, {note}"
+            n / cuda_median(lambda: pinned.copy_(dev, non_blocking=True)), f"pinned d2h, {note}"
         ),
         "duplex": Figure(
             n / _host_median(both), f"each way with h2d and d2h on two streams at once, {note}"

@@ -40,7 +40,9 @@ from slide_ir.specs.model import load_model
 log = logging.getLogger(__name__)
 GIB = 1 << 30
 MIB = 1 << 20
-PROFILE_VERSION = 2  # part of every cache key: bump it when the probes change what they measure
+# part of every cache key: bump it when the probes change what they measure (3: the shape grids;
+# an entry of an older version is never read, so the next run measures the host again)
+PROFILE_VERSION = 3
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +54,7 @@ class Host:
     cpu: str  # /proc/cpuinfo "model name" (else platform.processor / machine)
     cores: int  # usable cores (sched_getaffinity): the probes' and the executor's threads
     ram_bytes: int  # physical memory
+    sms: int = 0  # the GPU's streaming multiprocessors (0: unknown)
 
     @property
     def key(self) -> str:
@@ -79,6 +82,7 @@ def this_host(device: Any) -> Host:
         cpu=cpu_model(),
         cores=usable_cores(),
         ram_bytes=host_ram_bytes(),
+        sms=torch.cuda.get_device_properties(device).multi_processor_count,
     )
 
 
@@ -146,6 +150,7 @@ def probe_table(
     """The probes in the order they run, each a call that returns a Figure (or a dict of them)."""
     from executor.train import default_optimizer_threads
     from slide.calibration import gpu_probes as cal
+    from slide.calibration import shape_probes as shapes
 
     model = load_model(sizes.model)
     threads = default_optimizer_threads()  # the executor's optimizer threads on a CUDA host
@@ -154,6 +159,8 @@ def probe_table(
     s = sizes
     probes: dict[str, Callable[[], Any]] = {
         "matmul": lambda: cal.matmul_rate(model, s.matmul_tokens),
+        "gemm_grid": lambda: shapes.gemm_grid_rates(),
+        "attention_grid": lambda: shapes.attention_grid_rates(),
         "attention": lambda: cal.attention_rate(model, s.attention_batch, s.attention_seq),
         "hbm": lambda: cal.hbm_rate(s.hbm_mb),
         "lce": lambda: cal.lce_rate(model, s.lce_tokens),
@@ -213,6 +220,9 @@ def profile(
         elementwise_bytes_per_s=got["elementwise"].value,
         adam_elems_per_s=got["gpu_adam"].value,
         **{field: floors[k].value for k, field in _FLOOR_FIELDS.items()},
+        sm_count=host.sms or None,
+        gemm_grid=got["gemm_grid"].text,
+        attention_grid=got["attention_grid"].text,
     )
     # A per-core rate from the half-core run and a DRAM bound from the all-core run (28 B/elem):
     # rate(threads) = min(threads * per_core, dram / 28) reproduces both measurements.
@@ -234,6 +244,8 @@ def profile(
         "gpu.lce_logits_per_s": got["lce"].note,
         "gpu.elementwise_bytes_per_s": got["elementwise"].note,
         "gpu.adam_elems_per_s": got["gpu_adam"].note,
+        "gpu.gemm_grid": got["gemm_grid"].note,
+        "gpu.attention_grid": got["attention_grid"].note,
         **{f"gpu.{field}": floors[k].note for k, field in _FLOOR_FIELDS.items()},
         **{f"link.{k}_bytes_per_s": link[k].note for k in _LINK_KEYS},
         "cpu.cores": "os.sched_getaffinity",
@@ -244,6 +256,8 @@ def profile(
         "cpu.cast_elems_per_s_per_core": got["cast"].note + f" / {cores}",
         "ram_bytes": "os.sysconf physical pages",
     }
+    if host.sms:
+        notes["gpu.sm_count"] = "torch.cuda.get_device_properties().multi_processor_count"
     if drives:
         notes |= {f"nvme[0].{k}": got["nvme"]["read"].note for k in _DRIVE_KEYS}
     sources = {"gpu.bf16_peak_tflops": peak_source} | {k: f"{stamp}: {v}" for k, v in notes.items()}
@@ -293,5 +307,6 @@ def header(title: str, got: Mapping[str, Any]) -> str:
     lines = [f"# {title}: raw probe results"]
     for key, fig in got.items():
         for sub, f in fig.items() if isinstance(fig, dict) else [("", fig)]:
-            lines.append(f"# {key}{'.' + sub if sub else ''}: {f.value:.4g} ({f.note})")
+            value = f"{f.points} points" if hasattr(f, "points") else f"{f.value:.4g}"
+            lines.append(f"# {key}{'.' + sub if sub else ''}: {value} ({f.note})")
     return "\n".join(lines) + "\n"

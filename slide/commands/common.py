@@ -113,7 +113,11 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "backward instead of recomputing it: a count or 'auto' (chosen by --placement; "
         "--placement small keeps none) [auto]",
     )
-    parser.add_argument("--cpu-threads", type=int, help="optimizer threads [all cores]")
+    parser.add_argument(
+        "--cpu-threads",
+        type=int,
+        help="host optimizer threads [every core but four, shared by --nproc ranks]",
+    )
     parser.add_argument("--clip", choices=CLIP_MODES, default="none",
                         help="gradient clipping: per-unit clips each layer's gradient by its own "
                         "norm, before its update (keeps the overlap) [none]")  # fmt: skip

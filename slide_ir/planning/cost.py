@@ -120,10 +120,15 @@ class CostModel:
         if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
             raise ValueError(f"nproc must be a whole number >= 1, got {nproc!r}")
         self.machine = machine
+        # each rank's update threads (none asked for: the executor's rule for this host,
+        # `Cpu.optimizer_threads`); the host runs nproc x that many at once
+        if cpu_threads is None and hasattr(machine.cpu, "optimizer_threads"):
+            cpu_threads = machine.cpu.optimizer_threads(nproc)
         self.threads = cpu_threads
+        host_threads = None if cpu_threads is None else cpu_threads * nproc
         self.nproc = nproc  # data-parallel ranks sharing this machine's host
         self.efficiency = efficiency or Efficiency()
-        self.rates = _resolve(machine, cpu_threads, self.efficiency, nproc)
+        self.rates = _resolve(machine, host_threads, self.efficiency, nproc)
         r = self.rates
         self.shapes = ShapeRates(machine.gpu, matmul=r.flops, attention=r.attention, hbm=r.hbm)
         self.lce_factor = self._lce_factor()

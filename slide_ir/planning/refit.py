@@ -24,7 +24,7 @@ from slide_ir.planning.cost import FLOOR_FIELDS, FLOOR_KINDS, CostModel
 from slide_ir.planning.planner import Plan, plan
 from slide_ir.planning.timeline import predict, predict_step_s
 from slide_ir.specs.config import TrainConfig
-from slide_ir.specs.hardware_parts import Machine, freeze_sources
+from slide_ir.specs.hardware_parts import Machine, freeze_sources, scale_grid
 
 MIN_GAIN = 0.03  # re-plan when the new choice is predicted this much faster (share of a step)
 FACTOR_RANGE = (0.1, 10.0)  # a lane measured outside this is a fault, not a rate: left alone
@@ -131,6 +131,7 @@ def refit_machine(machine: Machine, factors: Mapping[str, float]) -> Machine:
         if factor is None:
             return part
         new = {f: getattr(part, f) / factor for f in fields if getattr(part, f) is not None}
+        new |= {f: scale_grid(getattr(part, f), 1 / factor) for f in _GRIDS if hasattr(part, f)}
         try:
             fitted = cast(P, replace(cast(Any, part), **new))
         except ValueError:  # past what the part's own checks allow (matmul over its peak)
@@ -174,6 +175,7 @@ _GPU_RATES = (
     "elementwise_bytes_per_s",
     "adam_elems_per_s",
 )
+_GRIDS = ("gemm_grid", "attention_grid")  # measured points that move with the rates they correct
 _CPU_RATES = (
     "adam_elems_per_s_per_core",
     "cast_elems_per_s_per_core",

@@ -144,6 +144,11 @@ def format_grid(points: Iterable[tuple[Sequence[int], float]]) -> str:
     return " ".join(f"{'x'.join(map(str, dims))}:{rate:.4g}" for dims, rate in points)
 
 
+def scale_grid(text: str | None, factor: float) -> str | None:
+    """Every point's rate times `factor` (a re-fit moves the grid with the rate it corrects)."""
+    return None if text is None else format_grid((d, r * factor) for d, r in parse_grid(text))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Link:
     """The host link, pinned and pageable rates; `duplex` is each way while both directions run."""
@@ -157,6 +162,15 @@ class Link:
 
     def __post_init__(self) -> None:
         _validate(self)
+
+
+def default_optimizer_threads(cores: int, nproc: int = 1) -> int:
+    """Every core but four, shared by `nproc` data-parallel ranks: the one rule the cost model,
+    the executor and `--help` use. The gpu lane's thread issuing kernels, autograd's device
+    thread, the copy lanes and the main thread need their cores; on the H200 host (16 vCPUs)
+    12 optimizer threads ran a 3B step 7% faster than 14 (bench/RESULTS.md), and N ranks x 12
+    threads on 16 cores would only fight."""
+    return max(1, (cores - 4) // nproc)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,6 +189,10 @@ class Cpu:
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    def optimizer_threads(self, nproc: int = 1) -> int:
+        """The host update's threads when none are asked for (`default_optimizer_threads`)."""
+        return default_optimizer_threads(self.cores, nproc)
 
     def adam_elems_per_s(
         self, *, threads: int | None = None, bytes_per_elem: int = 28, dma_load: float = 0.0

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from slide.calibration import auto_machine, host_probes
+from slide.calibration import auto_machine, host_probes, shape_probes
 from slide.calibration import gpu_probes as cal
 from slide.cli import main
 from slide.training import TrainRequest, resolve_machine
@@ -50,6 +50,10 @@ class FakeProbes:
             cal, "nvme_rates", lambda d, *a: {"read": _fig(7e9), "write": _fig(6e9)}
         )
         monkeypatch.setattr(host_probes, "this_host", lambda device: HOST)
+        grid = shape_probes.GridFigure("8192x4096x4096:480 1024x896x896:150", "fake probe", 2)
+        monkeypatch.setattr(shape_probes, "gemm_grid_rates", lambda: grid)
+        attention = shape_probes.GridFigure("4x32x2048x128:190", "fake probe", 1)
+        monkeypatch.setattr(shape_probes, "attention_grid_rates", lambda: attention)
 
     def link(self, *args: object) -> dict[str, cal.Figure]:
         keys = ("h2d", "d2h", "duplex", "pageable_h2d", "pageable_d2h")
