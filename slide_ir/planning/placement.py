@@ -133,7 +133,7 @@ class PlacementChoice:
 
     def summary(self, model: ModelSpec) -> dict[str, object]:
         """JSON-ready: what was chosen and how, with the predicted steps of the choice, the
-        runner-up and the rule before the search (None where not timed)."""
+        runner-up, the rule before the search (None where not timed) and the three fastest."""
         runner = self.runner_up
         return {
             "how": self.how,
@@ -141,6 +141,7 @@ class PlacementChoice:
             "runner_up": runner and _entry(model, runner.placement, runner.step_s),
             "legacy": self.legacy and _entry(model, self.legacy, self._step_of(self.legacy)),
             "candidates": len(self.considered),
+            "top": [_entry(model, c.placement, c.step_s) for c in self.considered[:3]],
         }
 
     def _step_of(self, placement: Placement) -> float | None:
