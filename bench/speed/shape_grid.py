@@ -8,7 +8,8 @@ Groups: `cold` (llama-3.1-8b batch 16 with every default: the first run on a fre
 measures the host), `grid-a`, `grid-b` (--machine auto: the lease's own measured profile; `--no-replan`, so
 every run predicts from that one profile and the re-fit does not move it between runs),
 `preset` (--machine h200-16c-128g, uncalibrated), `top3` (the search's three fastest placements
-of five points, each pinned and run). Every run's line (command, summary) goes to
+of five points, each pinned and run), `traces` (five of the worst-predicted points again, each
+with its measured trace saved). Every run's line (command, summary) goes to
 `<out>/<group>.jsonl` as it ends; a run that would start past `--budget-s` is skipped and said.
 """
 
@@ -37,6 +38,10 @@ GRID_B = [
 PRESET = [
     ("qwen2.5-0.5b", 32, 2048), ("llama-3.2-1b", 4, 1024), ("llama-3.2-3b", 16, 1024),
     ("qwen3-4b", 4, 512), ("qwen2.5-7b", 2, 8192),
+]  # fmt: skip
+TRACED = [
+    ("qwen2.5-0.5b", 1, 512), ("llama-3.2-1b", 4, 1024), ("qwen2.5-1.5b", 16, 1024),
+    ("qwen3-1.7b", 2, 8192), ("qwen2.5-0.5b", 32, 2048),
 ]  # fmt: skip
 TOP3 = [
     ("llama-3.2-1b", 16, 1024), ("qwen2.5-1.5b", 8, 2048), ("llama-3.2-3b", 16, 1024),
@@ -83,6 +88,10 @@ def jobs(group: str) -> list[tuple[tuple, list[str]]]:
     if group in ("grid-a", "grid-b"):
         points = GRID_A if group == "grid-a" else GRID_B
         return [(p, train_command(*p, "auto", ["--no-replan"])) for p in points]
+    if group == "traces":  # the slow-predicted points, with their measured traces (slide format)
+        return [(p, train_command(*p, "auto", ["--no-replan", "--trace-steps", "3:4",
+                                               "--save-trace", f"/tmp/grid/trace-{i}.json"]))
+                for i, p in enumerate(TRACED)]  # fmt: skip
     if group == "preset":
         return [(p, train_command(*p, "h200-16c-128g", ["--no-replan"])) for p in PRESET]
     out = []
@@ -100,7 +109,7 @@ def jobs(group: str) -> list[tuple[tuple, list[str]]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--group", choices=("cold", "grid-a", "grid-b", "preset", "top3"))
+    ap.add_argument("--group", choices=("cold", "grid-a", "grid-b", "preset", "top3", "traces"))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--report", nargs="*", type=Path)
