@@ -1,15 +1,19 @@
-"""Training data as token windows: JSONL, plain text or a 1-D token-id .npy file.
+"""Training data as token windows: a 1-D token-id .npy file, or any format `slide.data_formats`
+reads (JSONL, JSON arrays, parquet, arrow, CSV, text), tokenized once into a memory-mapped
+cache (`slide.token_cache`).
 
-Everything is turned into one token stream with a per-token "predict me" mask, then cut into
-windows of S+1 tokens: sample i is tokens[i*S : i*S + S + 1], its inputs the first S, its labels
-the last S (-100 where the mask is off: prompt tokens of prompt/completion pairs). Batches take
-consecutive samples in order, or a seeded permutation per epoch. Bad data is refused here, before
-any model is built.
+Either way the data is one token stream with a per-token "predict me" mask, cut into windows
+of S+1 tokens: sample i is tokens[i*S : i*S + S + 1], its inputs the first S, its labels the
+last S (-100 where the mask is off: prompt tokens). Batches take consecutive samples in order,
+or a seeded permutation per epoch. The stream stays on disk: a batch reads only its windows,
+and the pages it mapped are dropped every RELEASE_BYTES read, so host RSS does not grow with
+the data set (the kernel's page cache keeps them for the next read). Bad data is refused here,
+before any model is built.
 """
 
 from __future__ import annotations
 
-import json
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,25 +21,41 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from slide import token_cache
+from slide.errors import DataError
+
 IGNORE_INDEX = -100
-CORPUS = Path(__file__).parent / "assets" / "corpus.txt"
-
-
-class DataError(ValueError):
-    """The data file cannot feed training; the message names the file and the problem."""
+RELEASE_BYTES = 16 << 20
+SCAN = 1 << 24  # ids checked at a time in a .npy file
 
 
 @dataclass(frozen=True)
 class TokenStream:
-    ids: np.ndarray  # (N,) int64
-    predict: np.ndarray  # (N,) bool: whether token t is a training target
+    ids: np.ndarray  # (N,) integer ids, usually a read-only memmap
+    predict: np.ndarray | None  # (N,) bool: whether token t is a training target; None: all
+    max_id: int
+    cache: Path | None = None  # the token cache it was read from
 
     def windows(self, seq: int) -> int:
         return (len(self.ids) - 1) // seq
 
+    def release(self) -> None:
+        _drop_pages(self.ids, self.predict)
 
-def load_token_stream(path: str | Path, *, tokenizer_dir: str | Path | None = None) -> TokenStream:
+
+def load_token_stream(
+    path: str | Path,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+) -> TokenStream:
+    """`path`'s tokens: a .npy read in place, anything else from its token cache under
+    `cache_dir` (prepared first, with a progress bar if `progress`, when there is none)."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"data {path} is a directory: name a file (JSONL, JSON, parquet, arrow, "
+                        "CSV, text or a token-id .npy)")  # fmt: skip
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
     if path.stat().st_size == 0:
@@ -43,75 +63,39 @@ def load_token_stream(path: str | Path, *, tokenizer_dir: str | Path | None = No
     if path.suffix == ".npy":
         return _from_npy(path)
     if tokenizer_dir is None:
-        raise DataError(f"{path} is text: pass --tokenizer DIR (a local Hugging Face tokenizer)")
-    tokenizer = load_tokenizer(tokenizer_dir)
-    if path.suffix == ".jsonl":
-        return _from_jsonl(path, tokenizer)
-    return _pack([(tokenizer.encode(path.read_text(encoding="utf-8")), None)], tokenizer)
-
-
-def load_tokenizer(tokenizer_dir: str | Path):  # type: ignore[no-untyped-def]
-    from transformers import AutoTokenizer
-
-    if not Path(tokenizer_dir).is_dir():
-        raise DataError(f"tokenizer directory {tokenizer_dir} does not exist")
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        raise DataError(f"{path} is not token ids: pass --tokenizer DIR (a local Hugging Face "
+                        "tokenizer)")  # fmt: skip
+    root = Path(cache_dir) if cache_dir is not None else token_cache.DEFAULT_ROOT
+    cache = token_cache.load(path, Path(tokenizer_dir), root, progress=progress)
+    return TokenStream(ids=cache.ids(), predict=cache.predict(), max_id=cache.meta["max_id"],
+                       cache=cache.directory)  # fmt: skip
 
 
 def _from_npy(path: Path) -> TokenStream:
     try:
-        ids = np.load(path, allow_pickle=False)
+        ids = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:
         raise DataError(f"{path} is not a readable .npy array: {exc}") from None
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise DataError(
             f"{path} must hold a 1-D integer array of token ids, got {ids.dtype} {ids.shape}"
         )
-    if ids.size and ids.min() < 0:
+    lo, hi = 0, 0
+    for start in range(0, len(ids), SCAN):
+        part = ids[start : start + SCAN]
+        lo, hi = min(lo, int(part.min())), max(hi, int(part.max()))
+        _drop_pages(ids)
+    if lo < 0:
         raise DataError(f"{path} holds negative token ids")
-    ids = ids.astype(np.int64)
-    return TokenStream(ids=ids, predict=np.ones_like(ids, dtype=bool))
+    return TokenStream(ids=ids, predict=None, max_id=hi)
 
 
-def _from_jsonl(path: Path, tokenizer) -> TokenStream:  # type: ignore[no-untyped-def]
-    docs: list[tuple[list[int], int | None]] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{n}: not JSON ({exc.msg})") from None
-        if isinstance(row, dict) and isinstance(row.get("text"), str):
-            docs.append((tokenizer.encode(row["text"]), None))
-        elif isinstance(row, dict) and {"prompt", "completion"} <= row.keys():
-            prompt = tokenizer.encode(row["prompt"])
-            docs.append(
-                (
-                    prompt + tokenizer.encode(row["completion"], add_special_tokens=False),
-                    len(prompt),
-                )
-            )
-        else:
-            raise DataError(
-                f'{path}:{n}: expected {{"text": ...}} or {{"prompt": ..., "completion": ...}}'
-            )
-    if not docs:
-        raise DataError(f"{path} holds no records")
-    return _pack(docs, tokenizer)
-
-
-def _pack(docs: list[tuple[list[int], int | None]], tokenizer) -> TokenStream:  # type: ignore[no-untyped-def]
-    """Concatenate documents, each followed by EOS; prompt tokens are not targets."""
-    eos = tokenizer.eos_token_id
-    ids: list[int] = []
-    predict: list[bool] = []
-    for tokens, prompt_len in docs:
-        doc = tokens + ([eos] if eos is not None else [])
-        ids += doc
-        cut = prompt_len or 0
-        predict += [False] * cut + [True] * (len(doc) - cut)
-    return TokenStream(ids=np.asarray(ids, dtype=np.int64), predict=np.asarray(predict, dtype=bool))
+def _drop_pages(*arrays: np.ndarray | None) -> None:
+    """Unmap from this process the pages of memory-mapped arrays read so far (the page cache
+    keeps them; a later read maps them again)."""
+    for array in arrays:
+        if array is not None and isinstance(array.base, mmap.mmap):
+            array.base.madvise(mmap.MADV_DONTNEED)
 
 
 def batches(
@@ -120,29 +104,40 @@ def batches(
     batch: int,
     seq: int,
     count: int,
+    start: int = 0,
     shuffle: bool = True,
     seed: int = 0,
     vocab_size: int | None = None,
     source: str = "data",
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """`count` batches of (input_ids, labels), each (batch, seq) int64; epochs repeat."""
+    """Batches `start` to `count` - 1 of (input_ids, labels), each (batch, seq) int64; epochs
+    repeat. The ones before `start` (a resume's) advance the order without being read."""
     windows = stream.windows(seq)
     if windows < batch:
         need = batch * seq + 1
         raise DataError(
             f"{source} holds {len(stream.ids)} tokens: one batch of {batch} x {seq} needs {need}"
         )
-    if vocab_size is not None and stream.ids.max() >= vocab_size:
+    if vocab_size is not None and stream.max_id >= vocab_size:
         raise DataError(
-            f"{source} holds token id {stream.ids.max()} >= the model's vocab_size {vocab_size}"
+            f"{source} holds token id {stream.max_id} >= the model's vocab_size {vocab_size}"
         )
     order = _window_order(windows, shuffle, seed)
-    for _ in range(count):
+    read, per_batch = 0, batch * (seq + 1) * stream.ids.itemsize
+    for n in range(count):
         idx = [next(order) for _ in range(batch)]
-        rows = np.stack([stream.ids[i * seq : i * seq + seq + 1] for i in idx])
-        keep = np.stack([stream.predict[i * seq + 1 : i * seq + seq + 1] for i in idx])
-        labels = np.where(keep, rows[:, 1:], IGNORE_INDEX)
-        yield torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(labels)
+        if n < start:
+            continue
+        rows = np.stack([stream.ids[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)
+        labels = rows[:, 1:]
+        if stream.predict is not None:
+            keep = np.stack([stream.predict[i * seq + 1 : i * seq + seq + 1] for i in idx])
+            labels = np.where(keep, labels, IGNORE_INDEX)
+        read += per_batch
+        if read >= RELEASE_BYTES:
+            stream.release()
+            read = 0
+        yield torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(np.ascontiguousarray(labels))
 
 
 def _window_order(windows: int, shuffle: bool, seed: int) -> Iterator[int]:

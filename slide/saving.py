@@ -11,8 +11,10 @@ that failed is reported at the next save or at the end, as one line naming what 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -120,10 +122,17 @@ class Checkpointer:
 class StateWriter:
     """What a checkpoint directory holds: the HF model in FP32 (the master weights themselves,
     so --resume continues exactly; `from_pretrained(..., dtype=torch.bfloat16)` gives a BF16
-    copy), the Adam moments, and `slide_state.json` (its text made by `state_text(step)`)."""
+    copy), the Adam moments, `slide_state.json` (its text made by `state_text(step)`), and
+    copies of `companions` (the tokenizer's files, generation_config.json), so that
+    `AutoTokenizer.from_pretrained` loads the checkpoint too."""
 
-    def __init__(self, spec: ModelSpec, state_text: Callable[[int], str]) -> None:
-        self.spec, self.state_text = spec, state_text
+    def __init__(
+        self,
+        spec: ModelSpec,
+        state_text: Callable[[int], str],
+        companions: Sequence[Path] = (),
+    ) -> None:
+        self.spec, self.state_text, self.companions = spec, state_text, tuple(companions)
 
     def write(
         self,
@@ -137,7 +146,15 @@ class StateWriter:
         files = write_hf_model(directory, self.spec, weights, dtype=torch.float32, cancel=cancel)
         write_safetensors(directory / OPTIM_FILE, moments, cancel=cancel)
         write_text(directory / STATE_FILE, self.state_text(step))
-        return files
+        for source in self.companions:
+            _copy_synced(source, directory / source.name)
+        return files + [source.name for source in self.companions]
+
+
+def _copy_synced(source: Path, target: Path) -> None:
+    shutil.copyfile(source, target)
+    with open(target, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def _copied(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -39,11 +39,11 @@ from executor.train import (
     train,
 )
 from slide.checkpoints import RunDir
-from slide.data import CORPUS, TokenStream, batches, load_token_stream
+from slide.data import TokenStream, batches, load_token_stream
 from slide.errors import StopRun, UserError
 from slide.resume import Resumed, read_checkpoint, state_json
 from slide.saving import Checkpointer, StateWriter
-from slide.tokenizer import build_tiny_tokenizer
+from slide.tokenizer import CORPUS, build_tiny_tokenizer, tokenizer_files
 from slide.train_report import Reporter, finish, phase_summary
 from slide.weights import initial_weights
 from slide_ir.planning.data_parallel import plan_data_parallel
@@ -66,6 +66,7 @@ class TrainRequest:
     nvme_dirs: tuple[str, ...] = ()
     data: str | None = None
     tokenizer: str | None = None
+    data_cache: str | None = None  # token caches' directory [~/.cache/slide/tokens]
     shuffle: bool = True
     seed: int = 0
     device: str | None = None
@@ -322,7 +323,20 @@ def _checkpointer(
         return state_json(spec=spec, config=req.config, optim=optim, steps_done=step,
                           seed=req.seed, data=req.data)  # fmt: skip
 
-    return Checkpointer(run_dir, StateWriter(spec, state_text))
+    return Checkpointer(run_dir, StateWriter(spec, state_text, _companions(req)))
+
+
+def _companions(req: TrainRequest) -> list[Path]:
+    """What a checkpoint carries beside the model: the tokenizer's files (--tokenizer's, else
+    the input model directory's, else the bundled corpus's) and the input model directory's
+    generation_config.json."""
+    model_dir = Path(req.model) if Path(req.model).is_dir() else None
+    tokenizer = req.tokenizer or model_dir
+    files = tokenizer_files(tokenizer) if tokenizer else []
+    if not files and not req.data:
+        files = tokenizer_files(_tiny_tokenizer())
+    generation = model_dir / "generation_config.json" if model_dir else None
+    return files + ([generation] if generation and generation.is_file() else [])
 
 
 def _kept(ckpt: Checkpointer | None) -> str:
@@ -344,16 +358,16 @@ def _data(
     before the model is built."""
     config = req.config
     it = batches(
-        _token_stream(req, spec),
+        _token_stream(req),
         batch=config.batch,
         seq=config.seq,
         count=config.steps * config.grad_accum,
+        start=start * config.grad_accum,
         shuffle=req.shuffle,
         seed=req.seed,
         vocab_size=spec.vocab_size,
         source=req.data or str(CORPUS),
     )
-    it = itertools.islice(it, start * config.grad_accum, None)
     first = next(it)
     return itertools.chain([first], it)
 
@@ -418,11 +432,15 @@ def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
     return resolve(req.machine, device, ram_gb=req.ram_gb, nvme=req.nvme)
 
 
-def _token_stream(req: TrainRequest, spec: ModelSpec) -> TokenStream:
-    if req.data:
-        return load_token_stream(req.data, tokenizer_dir=req.tokenizer)
-    tokenizer = req.tokenizer or _tiny_tokenizer()
-    return load_token_stream(CORPUS, tokenizer_dir=tokenizer)
+def _token_stream(req: TrainRequest) -> TokenStream:
+    """The run's tokens, from their cache (prepared now, with a progress bar, if missing)."""
+    return load_token_stream(req.data or CORPUS, tokenizer_dir=_data_tokenizer(req),
+                             cache_dir=req.data_cache, progress=req.progress)  # fmt: skip
+
+
+def _data_tokenizer(req: TrainRequest) -> str | Path | None:
+    """The tokenizer of the run's data: --tokenizer, else the bundled corpus's own."""
+    return req.tokenizer or (None if req.data else _tiny_tokenizer())
 
 
 def _tiny_tokenizer() -> Path:

@@ -26,6 +26,7 @@ from slide.commands.common import (
     nvme_dirs,
     train_config,
 )
+from slide.commands.data import add_data_arguments
 from slide.errors import StopRun, UserError
 
 if TYPE_CHECKING:
@@ -59,10 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "WORLD_SIZE [1]",
     )
     parser.add_argument("--plan", help="run a saved plan (slide plan --out); overrides the above")
-    parser.add_argument(
-        "--data", help="JSONL, text (needs --tokenizer) or 1-D token-id .npy [bundled corpus]"
-    )
-    parser.add_argument("--tokenizer", help="local HF tokenizer directory for text/JSONL data")
+    add_data_arguments(parser)
     parser.add_argument("--no-shuffle", action="store_true", help="take samples in file order")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), help="[cuda if available]")
@@ -203,6 +201,7 @@ def _request(args: argparse.Namespace) -> TrainRequest:
         plan_file=args.plan,
         data=args.data,
         tokenizer=args.tokenizer,
+        data_cache=args.data_cache,
         shuffle=not args.no_shuffle,
         seed=args.seed,
         device=args.device,

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from slide.data import IGNORE_INDEX, DataError, batches, load_token_stream
+from slide.data import IGNORE_INDEX, batches, load_token_stream
+from slide.errors import DataError
 from slide.tokenizer import build_tiny_tokenizer
 
 
@@ -40,7 +41,9 @@ def test_shuffle_is_seeded(tmp_path):
 def test_jsonl_masks_prompt_tokens(tmp_path, tokenizer_dir):
     rows = [{"prompt": "the gpu moves", "completion": " the weights."}] * 50
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    stream = load_token_stream(tmp_path / "d.jsonl", tokenizer_dir=tokenizer_dir)
+    stream = load_token_stream(
+        tmp_path / "d.jsonl", tokenizer_dir=tokenizer_dir, cache_dir=tmp_path
+    )
     assert 0 < stream.predict.mean() < 1
     _, labels = next(batches(stream, batch=1, seq=32, count=1, shuffle=False))
     assert (labels == IGNORE_INDEX).any() and (labels != IGNORE_INDEX).any()
@@ -48,8 +51,8 @@ def test_jsonl_masks_prompt_tokens(tmp_path, tokenizer_dir):
 
 def test_text_file_round_trips_through_the_tokenizer(tmp_path, tokenizer_dir):
     (tmp_path / "c.txt").write_text("the cpu updates the weights. " * 200)
-    stream = load_token_stream(tmp_path / "c.txt", tokenizer_dir=tokenizer_dir)
-    assert stream.predict.all() and stream.ids.max() < 512
+    stream = load_token_stream(tmp_path / "c.txt", tokenizer_dir=tokenizer_dir, cache_dir=tmp_path)
+    assert stream.predict is None and stream.max_id < 512
 
 
 @pytest.mark.parametrize(
@@ -58,14 +61,14 @@ def test_text_file_round_trips_through_the_tokenizer(tmp_path, tokenizer_dir):
         ("missing.npy", None, "does not exist"),
         ("empty.jsonl", "", "is empty"),
         ("bad.jsonl", "{not json\n", "bad.jsonl:1: not JSON"),
-        ("shape.jsonl", '{"title": "x"}\n', 'expected {"text": ...}'),
+        ("shape.jsonl", '{"title": "x"}\n', 'expected {"text"}, {"prompt"'),
     ],
 )
 def test_bad_files_are_refused(tmp_path, tokenizer_dir, name, content, message):
     if content is not None:
         (tmp_path / name).write_text(content)
     with pytest.raises(DataError, match=message.replace("{", r"\{").replace("(", r"\(")):
-        load_token_stream(tmp_path / name, tokenizer_dir=tokenizer_dir)
+        load_token_stream(tmp_path / name, tokenizer_dir=tokenizer_dir, cache_dir=tmp_path)
 
 
 def test_float_npy_and_short_data_are_refused(tmp_path):

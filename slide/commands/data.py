@@ -1,0 +1,49 @@
+"""`slide data`: tokenize a data file once into its token cache (`slide.token_cache`), with a
+progress bar, and say what a run will see: its tokens, targets, windows at `--seq` and the
+cache's path. `slide train` reads the same cache, and prepares it where it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from slide.errors import UserError
+
+NAME = "data"
+HELP = "tokenize a data file once into the cache slide train reads; count its windows"
+FORMATS = "JSONL, a JSON array, parquet, arrow, CSV or text (these need --tokenizer)"
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
+    """--data, --tokenizer and --data-cache: shared with `slide train`."""
+    default = "" if required else " [the bundled corpus]"
+    parser.add_argument(
+        "--data", required=required, help=f"{FORMATS}, or a 1-D token-id .npy{default}"
+    )
+    parser.add_argument("--tokenizer", help="local HF tokenizer directory (all data but .npy)")
+    parser.add_argument(
+        "--data-cache",
+        help="directory of the token caches (the data tokenized once, memory-mapped) "
+        "[~/.cache/slide/tokens]",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_data_arguments(parser, required=True)
+    parser.add_argument("--seq", type=int, default=128, help="count windows of this length [128]")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from slide.data import load_token_stream
+
+    if args.seq < 1:
+        raise UserError(f"--seq must be a token count >= 1, got {args.seq}")
+    stream = load_token_stream(args.data, tokenizer_dir=args.tokenizer,
+                               cache_dir=args.data_cache, progress=not args.no_progress)  # fmt: skip
+    tokens = len(stream.ids)
+    targets = tokens if stream.predict is None else int(stream.predict.sum())
+    print(f"tokens   {tokens:,} ({targets:,} of them targets; largest id {stream.max_id:,})")
+    print(f"windows  {stream.windows(args.seq):,} of {args.seq} tokens (--seq {args.seq})")
+    print(f"cache    {stream.cache or 'none: a .npy is read in place'}")
+    return 0
