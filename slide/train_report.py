@@ -181,6 +181,33 @@ def against_plan(placement: dict[str, Any] | None, step_s: float, nproc: int) ->
     return out
 
 
+WARN_ERROR = 0.10  # a step time this far from its prediction is said, not only recorded
+
+
+def prediction_warning(summary: dict[str, Any], *, refits_profile: bool) -> str | None:
+    """One line when the steady steps missed their prediction by more than `WARN_ERROR`,
+    naming what the re-fit changed (or that none ran), else None."""
+    error = summary.get("step_time_error")
+    if error is None or abs(error) <= WARN_ERROR:
+        return None
+    factors = summary.get("replan", {}).get("factors") or {}
+    moved = ", ".join(
+        f"{kind} {'floor x' if kind.endswith('_s') else 'rates /'} {f:.3f}"
+        for kind, f in sorted(factors.items()) if abs(f - 1) > 0.005
+    )  # fmt: skip
+    if not moved:
+        fix = "no re-fit ran (--no-replan, a run too short, or nothing moved)"
+    elif refits_profile:
+        fix = f"the re-fit changed {moved}, written to this host's profile for the next run"
+    else:
+        fix = f"the re-fit changed {moved} for this run (--machine auto keeps it for the next)"
+    return (
+        f"the steps ran {abs(error):.1%} {'slower' if error > 0 else 'faster'} than predicted "
+        f"({summary['tokens_per_s']:,.0f} tokens/s against {summary['predicted_tokens_per_s']:,.0f}"
+        f" on steps {summary['steady_steps']}); {fix}"
+    )
+
+
 def phase_summary(phases: Phases) -> dict[str, Any]:
     """`startup`: seconds per phase from the command to the first step's end, and their sum;
     `shutdown`: the same from the first step's end to here (the steps included, apart)."""

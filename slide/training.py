@@ -44,7 +44,7 @@ from slide.errors import StopRun, UserError
 from slide.resume import Resumed, read_checkpoint, state_json
 from slide.saving import Checkpointer, StateWriter
 from slide.tokenizer import CORPUS, build_tiny_tokenizer, tokenizer_files
-from slide.train_report import Reporter, finish, phase_summary
+from slide.train_report import Reporter, finish, phase_summary, prediction_warning
 from slide.weights import initial_weights
 from slide_ir.planning.data_parallel import plan_data_parallel
 from slide_ir.planning.planner import Plan, plan, plan_from_json
@@ -313,6 +313,8 @@ def _run(
     with phases("report"):
         summary = finish(req, result, reporter, done, the_plan.machine, last,
                          interrupted=stop.requested, nproc=ranks.nproc if ranks else 1)  # fmt: skip
+    if warning := prediction_warning(summary, refits_profile=req.machine == "auto"):
+        log.warning(warning)
     return {**summary, **phase_summary(phases)}
 
 

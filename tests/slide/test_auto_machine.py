@@ -14,7 +14,7 @@ from slide.cli import main
 from slide.training import TrainRequest, resolve_machine
 from slide_ir.planning.planner import plan
 from slide_ir.specs.config import TrainConfig
-from slide_ir.specs.hardware import load_machine, load_machine_toml
+from slide_ir.specs.hardware import load_machine, load_machine_toml, machine_to_toml
 from slide_ir.specs.model import load_model
 
 HOST = host_probes.Host(
@@ -220,3 +220,20 @@ def test_plan_and_simulate_take_auto_as_train_does(probes, monkeypatch, capsys):
     assert main(["plan", "--model", "llama-3.2-3b", "--machine", "auto"]) == 2
     err = capsys.readouterr().err
     assert "--machine auto" in err and "no CUDA GPU" in err and "slide machines" in err
+
+
+def test_an_entry_of_an_older_profile_version_is_measured_again(probes, monkeypatch):
+    """A cache entry written before the shape grids is never read (its key names its version):
+    the host is measured again and the new entry holds the grids."""
+    version = host_probes.PROFILE_VERSION
+    host_probes.PROFILE_VERSION = version - 1
+    try:
+        old = auto_machine.cache_path(HOST)
+    finally:
+        host_probes.PROFILE_VERSION = version
+    old.parent.mkdir(parents=True)
+    old.write_text(machine_to_toml(load_machine("h200-16c-128g")))
+    assert auto_machine.cached(HOST) is None
+    machine = auto_machine.auto_machine(CUDA)
+    assert probes.calls == 3 and machine.gpu.gemm_grid and machine.gpu.attention_grid
+    assert auto_machine.cache_path(HOST) != old and old.exists()  # never deleted: Slide's own
