@@ -8,12 +8,6 @@ import torch
 
 from slide.data import IGNORE_INDEX, batches, load_token_stream
 from slide.errors import DataError
-from slide.tokenizer import build_tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    return build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def test_npy_windows_are_consecutive_slices(tmp_path):
