@@ -87,9 +87,17 @@ def test_plan_says_what_the_placement_search_chose_and_the_runner_up(capsys):
         "placement: 25 resident, 0 streamed, 9 sliding units; inputs on cpu, 3 cache units; "
         "16 kept tapes"
     )
-    assert "placements that fit: 1.444 s/step predicted (11,343 tokens/s)" in lines[3]
+    code, raw, _ = run(capsys, *argv, "--json")  # the text says what the JSON holds
+    searched = json.loads(raw)["placement"]
+    step = searched["chosen"]["predicted_step_s"]
+    assert (
+        f"placements that fit: {step:.3f} s/step predicted ({16384 / step:,.0f} tokens/s)"
+        in lines[3]
+    )
     assert lines[4].startswith("  runner-up: ") and " s/step (+" in lines[4]
-    assert "the default before): 0 resident, 22 streamed" in lines[5] and "2.089 s/step" in lines[5]
+    legacy = searched["legacy"]["predicted_step_s"]
+    assert "the default before): 0 resident, 22 streamed" in lines[5]
+    assert f"{legacy:.3f} s/step" in lines[5] and legacy > 1.3 * step
     code, out, _ = run(capsys, *argv, "--placement", "small")
     assert code == 0
     assert (
