@@ -6,8 +6,8 @@ Either way the data is one token stream with a per-token "predict me" mask, cut 
 of S+1 tokens: sample i is tokens[i*S : i*S + S + 1], its inputs the first S, its labels the
 last S (-100 where the mask is off: prompt tokens). Batches take consecutive samples in order,
 or a seeded permutation per epoch. The stream stays on disk: a batch reads only its windows,
-and the pages it mapped are dropped every RELEASE_BYTES read, so host RSS does not grow with
-the data set (the kernel's page cache keeps them for the next read). Bad data is refused here,
+and the pages it mapped are dropped before they reach RELEASE_BYTES, so host RSS does not grow
+with the data set (the kernel's page cache keeps them for the next read). Bad data is refused here,
 before any model is built.
 """
 
@@ -25,7 +25,8 @@ from slide import token_cache
 from slide.errors import DataError
 
 IGNORE_INDEX = -100
-RELEASE_BYTES = 16 << 20
+RELEASE_BYTES = 16 << 20  # of mapped pages a batch loop lets accumulate
+FAULT_AROUND = 64 << 10  # what a page fault maps beside the page (Linux's fault_around_bytes)
 SCAN = 1 << 24  # ids checked at a time in a .npy file
 
 
@@ -123,7 +124,9 @@ def batches(
             f"{source} holds token id {stream.max_id} >= the model's vocab_size {vocab_size}"
         )
     order = _window_order(windows, shuffle, seed)
-    read, per_batch = 0, batch * (seq + 1) * stream.ids.itemsize
+    # each window maps its own pages and the fault-around beside them, in each array
+    arrays = 1 if stream.predict is None else 2
+    mapped, per_batch = 0, batch * arrays * ((seq + 1) * stream.ids.itemsize + FAULT_AROUND)
     for n in range(count):
         idx = [next(order) for _ in range(batch)]
         if n < start:
@@ -133,10 +136,10 @@ def batches(
         if stream.predict is not None:
             keep = np.stack([stream.predict[i * seq + 1 : i * seq + seq + 1] for i in idx])
             labels = np.where(keep, labels, IGNORE_INDEX)
-        read += per_batch
-        if read >= RELEASE_BYTES:
+        mapped += per_batch
+        if mapped >= RELEASE_BYTES:
             stream.release()
-            read = 0
+            mapped = 0
         yield torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(np.ascontiguousarray(labels))
 
 
