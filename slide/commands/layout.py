@@ -13,7 +13,7 @@ from slide.errors import UserError
 from slide_ir.layouts.cluster import Cluster, cluster_names, load_cluster
 from slide_ir.layouts.ledger import advice, build_layout_ledger
 from slide_ir.layouts.models import load_layout_model
-from slide_ir.layouts.plan import RECOMPUTE_MODULES, Layout, check_layout
+from slide_ir.layouts.plan import CP_COMMS, RECOMPUTE_MODULES, Layout, check_layout
 from slide_ir.layouts.search import search, time_memory_front
 from slide_ir.specs.model import ModelSpec
 
@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deepep", action="store_true",
                         help="EP dispatch deduplicated per node (DeepEP): a token crosses to each "
                         "remote node once")  # fmt: skip
+    parser.add_argument("--cp-comm", choices=CP_COMMS, default="zigzag",
+                        help="how CP ranks share K/V: zigzag ring (overlapped) or allgather "
+                        "(contiguous chunks, whole K/V gathered) [zigzag]")  # fmt: skip
     parser.add_argument("--micro-batches", type=int, default=0, help="m per step [PP]")
     parser.add_argument("--micro-batch-size", type=int, default=1, help="sequences [1]")
     parser.add_argument("--seq", type=int, default=4096, help="sequence length [4096]")
@@ -82,7 +85,7 @@ def _layout(args: argparse.Namespace) -> Layout:
         recompute_modules=tuple(args.recompute_modules), seq=args.seq,
         micro_batch_size=args.micro_batch_size, global_batch=args.global_batch,
         micro_batches=args.micro_batches, pp_layers=_stage_list(args.pp_layers),
-        virtual_stages=args.virtual_stages, deepep=args.deepep,
+        virtual_stages=args.virtual_stages, deepep=args.deepep, cp_comm=args.cp_comm,
     )  # fmt: skip
 
 

@@ -9,7 +9,8 @@ work (compute, TP/EP/CP messages; the PP hop still carries a whole micro-batch's
 Per unit:
 - `fwd` on `gpu{s}` waits for its input (`pp.fwd` of the previous stage, or of the last stage's
   previous chunk when c > 0); the CP key/value ring (`cp.fwd`) starts with it on its own lane
-  (ring attention overlaps it with compute); the TP and EP collectives follow the compute and
+  (ring attention overlaps it with compute; allgather CP's gather follows the compute's
+  collectives instead, exposed); the TP and EP collectives follow the compute and
   block the stream (the next compute op waits for them); `pp.fwd` sends the output on once all
   of them are done;
 - backward mirrors it: under recompute a `recompute` pass first, with its own TP, EP and CP
@@ -149,7 +150,9 @@ class _Emitter:
         tp = self.comm(self.oid(s, j, c, f"tp.{p}"), K.ALL_REDUCE, s, "tp", tp_b, [done])
         ep = self.comm(self.oid(s, j, c, f"ep.{p}"), K.ALL_TO_ALL, s, "ep", ep_b, [tp or done])
         ring = cp_b * (2 if p == "bwd" else 1)  # backward sends K, V and their gradients
-        cp = self.comm(self.oid(s, j, c, f"cp.{p}"), K.SEND_RECV, s, "cp", ring, ready)
+        # the zigzag ring starts with the compute; allgather CP's gather is exposed, serial
+        cp_deps = ready if self.lay.cp_comm == "zigzag" else [ep or tp or done]
+        cp = self.comm(self.oid(s, j, c, f"cp.{p}"), K.SEND_RECV, s, "cp", ring, cp_deps)
         self.blocking[s] = [x for x in (tp, ep, cp) if x]
         if p == "re":
             return

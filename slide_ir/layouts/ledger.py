@@ -13,7 +13,11 @@ plus one layer's working set; under selective recompute (`Layout.recompute_modul
 tensors less those the modules regenerate (`work.recomputed_terms`), plus one layer's worth of
 them. Interleaved (v chunks per stage) keeps Megatron's warm-up
 2 (p - s - 1) + (v - 1) p + 1 chunks in flight (`in_flight_chunks`), each 1/v of the stage. The last stage adds the logits (BF16, their FP32 copy and
-gradient). Communication buffers: send + receive staging of the largest message. Fragmentation:
+gradient). Communication buffers: send + receive staging of the largest message. allgather CP
+(`Layout.cp_comm`) adds `cp_gathered`: one layer's K and V gathered over the whole sequence
+and, in its backward, their gradients before the reduce-scatter, 2 x `cp_gather_bytes` (the
+zigzag ring holds only its chunks in flight, inside the attention kernel's working set: 0).
+Fragmentation:
 the caching allocator cannot reuse all it reserves for tensors that come and go (activations,
 logits, message staging); GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156) measured PyTorch's
 allocator wasting 15% of reserved memory on average (up to 33%) over eight LLM training setups
@@ -35,7 +39,7 @@ from slide_ir.specs.model import ModelSpec
 
 _DEFAULT_SIZES = StateBytes()
 GPU_TERMS = ("weights", "gradients", "master", "moments", "activations", "logits",
-             "comm_buffers", "fragmentation", "reserve")  # fmt: skip
+             "comm_buffers", "cp_gathered", "fragmentation", "reserve")  # fmt: skip
 FRAGMENTATION = 0.15  # share of reserved memory the allocator wastes on churning tensors (GMLake)
 
 
@@ -100,7 +104,8 @@ def stage_terms(
     )
     largest = max(per_call)
     terms["comm_buffers"] = 2 * largest
-    churn = terms["activations"] + terms["logits"] + terms["comm_buffers"]
+    terms["cp_gathered"] = 2 * work.cp_gather_bytes
+    churn = terms["activations"] + terms["logits"] + terms["comm_buffers"] + terms["cp_gathered"]
     terms["fragmentation"] = int(churn * FRAGMENTATION / (1 - FRAGMENTATION))
     terms["reserve"] = CUDA_CONTEXT_BYTES
     return terms, host, in_flight

@@ -13,6 +13,9 @@ Rules (`check_layout` refuses the first one broken, naming it and the valid valu
   first / last chunk may hold only the embedding / the head, as Llama 3 did);
 - TP at most the GPUs of one node and dividing them (keep TP on NVLink);
 - CP > 1: the sequence splits into 2 x CP equal chunks (zigzag), so seq divisible by 2 x CP;
+  or, with `cp_comm = "allgather"` (the packed token stream split contiguously, each rank
+  all-gathering the whole K and V before its attention, Megatron's `--cp-comm-type allgather`
+  as Llama 3 trained), into CP contiguous chunks: seq divisible by CP;
 - global batch divisible by DP x micro-batch size (m = B / (DP x mbs) micro-batches per step);
 - ZeRO stage 0-3, or the distributed optimizer (shards master + moments and the update, then
   all-gathers weights: ZeRO-1's memory), not both;
@@ -36,6 +39,9 @@ from slide_ir.specs.model import ModelSpec
 # RMSNorms before attention and MLP; the experts' SwiGLU activation; the whole MoE block (router,
 # dispatch, experts, combine: its all-to-all re-runs).
 RECOMPUTE_MODULES = ("layernorm", "moe_act", "moe")
+# How CP ranks see the other ranks' keys and values: a zigzag ring (overlapped with attention),
+# or an all-gather of the contiguous chunks (exposed, and the whole K/V held; see ledger.py).
+CP_COMMS = ("zigzag", "allgather")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +66,7 @@ class Layout:
     virtual_stages: int = 1  # v model chunks per stage (interleaved 1F1B when > 1)
     deepep: bool = False  # EP dispatch deduplicated per node (DeepEP), see layout_cost
     recompute_modules: tuple[str, ...] = ()  # selective recompute, see RECOMPUTE_MODULES
+    cp_comm: str = "zigzag"  # see CP_COMMS
 
     def __post_init__(self) -> None:
         for name in ("gpus", "tp", "pp", "cp", "ep", "seq", "micro_batch_size", "virtual_stages"):
@@ -83,6 +90,8 @@ class Layout:
                 f"recompute_modules must be a tuple of {', '.join(RECOMPUTE_MODULES)}; "
                 f"got {self.recompute_modules!r}"
             )
+        if self.cp_comm not in CP_COMMS:
+            raise ValueError(f"cp_comm must be one of {', '.join(CP_COMMS)}; got {self.cp_comm!r}")
         if self.recompute and self.recompute_modules:
             raise ValueError("full recompute and recompute_modules (selective) exclude each other")
         if self.zero and self.distributed_optimizer:
@@ -124,6 +133,8 @@ class Layout:
                              (" deepep", self.deepep))
             if on
         )  # fmt: skip
+        if self.cp_comm != "zigzag":
+            extras += f" cp-{self.cp_comm}"
         if self.recompute_modules:
             extras += f" recompute({','.join(self.recompute_modules)})"
         split = f"[{','.join(map(str, self.pp_layers))}]" if self.pp_layers else ""
@@ -165,8 +176,10 @@ def layout_problems(spec: ModelSpec, lay: Layout, gpus_per_node: int) -> list[st
         out.append(f"--tp must divide the {gpus_per_node} GPUs of a node (TP on NVLink); got {tp}")
     if not spec.is_moe and {"moe", "moe_act"} & set(lay.recompute_modules):
         out.append(f"--recompute-modules moe / moe_act need an MoE model; {spec.name} is dense")
-    if cp > 1 and lay.seq % (2 * cp):
+    if cp > 1 and lay.cp_comm == "zigzag" and lay.seq % (2 * cp):
         out.append(f"--seq must be divisible by 2 x CP = {2 * cp} (zigzag chunks); got {lay.seq}")
+    if cp > 1 and lay.cp_comm == "allgather" and lay.seq % cp:
+        out.append(f"--seq must be divisible by CP = {cp} (contiguous chunks); got {lay.seq}")
     if lay.batch % (dp * lay.micro_batch_size) or lay.m < 1:
         out.append(
             f"--global-batch must be a multiple of DP x micro-batch = "
@@ -259,11 +272,12 @@ def cp_pair_counts(seq: int, cp: int, *, zigzag: bool) -> list[int]:
     return [sum(_pairs_upto((k + 1) * c) - _pairs_upto(k * c) for k in ks) for ks in chunks]
 
 
-def cp_imbalance(seq: int, cp: int) -> float:
-    """Slowest rank's attention work over the mean, with zigzag (1.0 = balanced)."""
+def cp_imbalance(seq: int, cp: int, *, zigzag: bool = True) -> float:
+    """Slowest rank's attention work over the mean (1.0 = balanced): zigzag, or contiguous
+    chunks (allgather CP on one packed sequence: the last rank's queries see every key)."""
     if cp == 1:
         return 1.0
-    counts = cp_pair_counts(seq, cp, zigzag=True)
+    counts = cp_pair_counts(seq, cp, zigzag=zigzag)
     return max(counts) * cp / sum(counts)
 
 

@@ -53,8 +53,9 @@ def _passes(c: LayoutCosts, w: StageWork, lay: Layout) -> tuple[float, float, di
                                      bytes=w.fwd_bytes)) + c.gemm_excess(w.stage, K.BWD)  # fmt: skip
     tp = c.collective_seconds(K.ALL_REDUCE, "tp", w.tp_bytes)
     ep = c.collective_seconds(K.ALL_TO_ALL, "ep", w.ep_bytes)
-    cp_f = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", w.cp_bytes) - fwd)
-    cp_b = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", 2 * w.cp_bytes) - bwd)
+    hidden = lay.cp_comm == "zigzag"  # the ring overlaps attention; the all-gather precedes it
+    cp_f = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", w.cp_bytes) - fwd * hidden)
+    cp_b = max(0.0, c.collective_seconds(K.SEND_RECV, "cp", 2 * w.cp_bytes) - bwd * hidden)
     re = 0.0
     if lay.recompute:  # full recompute re-runs the forward and its collectives
         re = fwd + tp + ep + cp_f

@@ -17,7 +17,10 @@ Messages per micro-batch (bytes, BF16 activations), the full logical tensor of e
   on the sequence-parallel shard, so an MoE block needs no TP collective), the vocab-parallel
   embedding on the first stage and the LM head's gather on the last;
 - CP: a ring exchange of K and V, (CP - 1) rounds of one rank's chunk (forward); backward sends
-  K, V and their gradients (2x); what moves per token is `_cp_kv`'s;
+  K, V and their gradients (2x); what moves per token is `_cp_kv`'s. allgather CP moves the same
+  bytes (an all-gather of the CP chunks, a reduce-scatter of their gradients) but holds the
+  whole sequence's K and V of a layer at once (`cp_gather_bytes`), and its contiguous chunks
+  give the last rank the most attention pairs (`cp_imbalance(..., zigzag=False)`);
 - EP: dispatch + combine all-to-all of local tokens x experts-per-token x hidden per MoE layer
   and pass;
 - PP: one send of the stage's output activations (tokens/(TP x CP) x hidden), one of its grad;
@@ -187,6 +190,7 @@ class StageWork:
     cp_bytes: int  # CP ring bytes sent per rank in the forward
     ep_bytes: int  # EP all-to-all bytes per rank per pass
     pp_bytes: int  # activation (or gradient) sent to the neighbour stage
+    cp_gather_bytes: int = 0  # allgather CP: one layer's gathered K and V (whole sequence)
 
     @property
     def params(self) -> int:
@@ -223,14 +227,16 @@ def stage_work(spec: ModelSpec, lay: Layout, stage: int) -> StageWork:
     n_moe = sum(moe.is_moe_layer(spec, i) for i in layers)
     tp_blocks = 2 * len(layers) - n_moe + (stage == 0) + last  # attention, dense MLP, embed, head
     kv_per_token, kv_split = _cp_kv(spec, lay.tp)
+    imbalance = cp_imbalance(s, lay.cp, zigzag=lay.cp_comm == "zigzag")
+    gathered = lay.cp > 1 and lay.cp_comm == "allgather"
     return StageWork(
         stage=stage,
         layers=len(layers),
         moe_layers=n_moe,
         dense_params=-(-dense // lay.tp),
         expert_params=-(-experts // lay.ep),
-        fwd_flops=(linear + attn * cp_imbalance(s, lay.cp)) / split,
-        fwd_attn_flops=attn * cp_imbalance(s, lay.cp) / split,
+        fwd_flops=(linear + attn * imbalance) / split,
+        fwd_attn_flops=attn * imbalance / split,
         fwd_bytes=sum(moe.layer_elementwise_bytes(spec, i, b, s) for i in layers) // split,
         act_bytes=sum(per_layer_act),
         input_bytes=hidden_local * len(layers),
@@ -248,6 +254,7 @@ def stage_work(spec: ModelSpec, lay: Layout, stage: int) -> StageWork:
         cp_bytes=(lay.cp - 1) * len(layers) * tokens // lay.cp * kv_per_token // kv_split,
         ep_bytes=2 * n_moe * spec.experts_per_token * hidden_local if lay.ep > 1 else 0,
         pp_bytes=hidden_local if lay.pp > 1 else 0,
+        cp_gather_bytes=tokens * kv_per_token // kv_split if gathered else 0,
     )
 
 
