@@ -56,13 +56,19 @@ def test_text_file_round_trips_through_the_tokenizer(tmp_path, tokenizer_dir):
         ("empty.jsonl", "", "is empty"),
         ("bad.jsonl", "{not json\n", "bad.jsonl:1: not JSON"),
         ("shape.jsonl", '{"title": "x"}\n', 'expected {"text"}, {"prompt"'),
+        ("chat.jsonl", '{"messages": [{"role": "user", "content": "hi"}]}\n', "chat template"),
+        ("broken.json", '[{"text": 1', "not readable as json"),
+        ("nothing.jsonl", "\n\n", "holds no records"),
+        ("not.parquet", "plain words", "not readable as parquet"),
     ],
 )
 def test_bad_files_are_refused(tmp_path, tokenizer_dir, name, content, message):
     if content is not None:
         (tmp_path / name).write_text(content)
+    cache = tmp_path / "cache"
     with pytest.raises(DataError, match=message.replace("{", r"\{").replace("(", r"\(")):
-        load_token_stream(tmp_path / name, tokenizer_dir=tokenizer_dir, cache_dir=tmp_path)
+        load_token_stream(tmp_path / name, tokenizer_dir=tokenizer_dir, cache_dir=cache)
+    assert not list(cache.glob("*")) and not list(cache.glob(".*"))  # no cache, no temporary
 
 
 def test_float_npy_and_short_data_are_refused(tmp_path):
