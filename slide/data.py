@@ -128,7 +128,7 @@ def batches(
     arrays = 1 if stream.predict is None else 2
     mapped, per_batch = 0, batch * arrays * ((seq + 1) * stream.ids.itemsize + FAULT_AROUND)
     for n in range(count):
-        idx = [next(order) for _ in range(batch)]
+        idx = [int(next(order)) for _ in range(batch)]  # i * seq overflows an int32
         if n < start:
             continue
         rows = np.stack([stream.ids[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)
@@ -144,6 +144,10 @@ def batches(
 
 
 def _window_order(windows: int, shuffle: bool, seed: int) -> Iterator[int]:
+    """Window indices, epoch after epoch. A shuffled epoch is `rng.permutation(windows)` (the
+    order checkpoints resume), drawn over int32 where it fits: the same order in half the
+    memory (4 MB per million windows; a 1 GB JSONL holds about two million at seq 128)."""
     rng = np.random.default_rng(seed)
+    dtype = np.int32 if windows < 2**31 else np.int64
     while True:
-        yield from (rng.permutation(windows) if shuffle else range(windows))
+        yield from (rng.permutation(np.arange(windows, dtype=dtype)) if shuffle else range(windows))

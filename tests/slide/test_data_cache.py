@@ -169,6 +169,14 @@ def test_resume_skips_batches_without_changing_them(tmp_path):
                for (a, c), (b, d) in zip(whole[7:], tail, strict=True))  # fmt: skip
 
 
+def test_shuffled_order_is_the_one_checkpoints_resume(tmp_path):
+    np.save(tmp_path / "t.npy", np.arange(16 * 40))
+    stream = load_token_stream(tmp_path / "t.npy")
+    got = [int(x[0, 0]) // 16 for x, _ in batches(stream, batch=1, seq=16, count=60, seed=9)]
+    rng = np.random.default_rng(9)  # the order before the int32 draw, epoch after epoch
+    assert got == [*rng.permutation(39).tolist(), *rng.permutation(39)[:21].tolist()]
+
+
 def test_slide_data_prepares_and_counts(tmp_path, tokenizer_dir, capsys):
     path = mixed_jsonl(tmp_path / "d.jsonl", rows=200)
     argv = ["data", "--data", str(path), "--tokenizer", str(tokenizer_dir), "--data-cache",
