@@ -86,7 +86,10 @@ class PoolPlan:
 
     @property
     def overlapped_s(self) -> float:
-        """Split pools, one step off-policy: rollout and training at once."""
+        """Split pools, one step off-policy: rollout and training at once (co-located pools
+        cannot overlap them: their step)."""
+        if self.mode == "colocated":
+            return self.step_s
         return max(self.times.round_s, self.train_s) + self.switch_s + self.sync_s
 
 

@@ -68,6 +68,7 @@ def test_colocated_step_adds_the_switch_and_the_sync():
     assert plan.times == rollout_time(QWEN_MOE, eng, WORK, NODE, 1)
     assert plan.step_s == pytest.approx(plan.times.round_s + plan.train_s + plan.switch_s
                                         + plan.sync_s)  # fmt: skip
+    assert plan.overlapped_s == plan.step_s  # one pool cannot generate and train at once
     # the host holds every GPU's offloaded state beside CPU Adam's
     assert plan.host_per_node == train.host_per_node + 8 * state
 
