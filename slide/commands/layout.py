@@ -22,11 +22,16 @@ HELP = "plan a TP/PP/CP/EP/DP layout over several GPUs: memory per GPU, fit, pre
 GIB = 2**30
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_cluster_arguments(parser: argparse.ArgumentParser, gpus_help: str) -> None:
+    """--model, --gpus and --machine, as `slide layout` and `slide rollout` take them."""
     parser.add_argument("--model", required=True, help="catalog name (dense or MoE) or config")
-    parser.add_argument("--gpus", type=int, required=True, help="number of GPUs N")
+    parser.add_argument("--gpus", type=int, required=True, help=gpus_help)
     parser.add_argument("--machine", default="h200-8gpu-node",
                         help=f"cluster node: {', '.join(cluster_names())} [h200-8gpu-node]")  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_cluster_arguments(parser, "number of GPUs N")
     for dim in ("tp", "pp", "cp", "ep"):
         parser.add_argument(f"--{dim}", type=int, default=1, help=f"{dim.upper()} size [1]")
     parser.add_argument("--dp", type=int, default=0, help="DP size [N / (TP PP CP)]")

@@ -8,8 +8,9 @@ import argparse
 import json
 from typing import Any
 
+from slide.commands.layout import add_cluster_arguments
 from slide.errors import UserError
-from slide_ir.layouts.cluster import Cluster, cluster_names, load_cluster
+from slide_ir.layouts.cluster import Cluster, load_cluster
 from slide_ir.layouts.models import load_layout_model
 from slide_ir.layouts.plan import CP_COMMS, Layout
 from slide_ir.layouts.pools import (
@@ -38,10 +39,7 @@ GIB = 2**30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="catalog name (dense or MoE) or config")
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs N of the whole job")
-    parser.add_argument("--machine", default="h200-8gpu-node",
-                        help=f"cluster node: {', '.join(cluster_names())} [h200-8gpu-node]")  # fmt: skip
+    add_cluster_arguments(parser, "GPUs N of the whole job")
     eng = parser.add_argument_group("engine")
     eng.add_argument("--engine-gpus", type=int, default=8, help="GPUs per engine G [8]")
     eng.add_argument("--engine-tp", type=int, default=0, help="attention TP [min(G, node)]")
