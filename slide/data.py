@@ -35,6 +35,7 @@ class TokenStream:
     ids: np.ndarray  # (N,) integer ids, usually a read-only memmap
     predict: np.ndarray | None  # (N,) bool: whether token t is a training target; None: all
     max_id: int
+    targets: int  # tokens that are training targets (counted when the cache was made)
     cache: Path | None = None  # the token cache it was read from
 
     def windows(self, seq: int) -> int:
@@ -69,7 +70,7 @@ def load_token_stream(
     root = Path(cache_dir) if cache_dir is not None else token_cache.DEFAULT_ROOT
     cache = token_cache.load(path, Path(tokenizer_dir), root, progress=progress)
     return TokenStream(ids=cache.ids(), predict=cache.predict(), max_id=cache.meta["max_id"],
-                       cache=cache.directory)  # fmt: skip
+                       targets=cache.meta["targets"], cache=cache.directory)  # fmt: skip
 
 
 def _from_npy(path: Path) -> TokenStream:
@@ -88,7 +89,7 @@ def _from_npy(path: Path) -> TokenStream:
         _drop_pages(ids)
     if lo < 0:
         raise DataError(f"{path} holds negative token ids")
-    return TokenStream(ids=ids, predict=None, max_id=hi)
+    return TokenStream(ids=ids, predict=None, max_id=hi, targets=len(ids))
 
 
 def _drop_pages(*arrays: np.ndarray | None) -> None:

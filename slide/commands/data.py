@@ -41,9 +41,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--seq must be a token count >= 1, got {args.seq}")
     stream = load_token_stream(args.data, tokenizer_dir=args.tokenizer,
                                cache_dir=args.data_cache, progress=not args.no_progress)  # fmt: skip
-    tokens = len(stream.ids)
-    targets = tokens if stream.predict is None else int(stream.predict.sum())
-    print(f"tokens   {tokens:,} ({targets:,} of them targets; largest id {stream.max_id:,})")
+    print(f"tokens   {len(stream.ids):,} ({stream.targets:,} of them targets; largest id "
+          f"{stream.max_id:,})")  # fmt: skip
     print(f"windows  {stream.windows(args.seq):,} of {args.seq} tokens (--seq {args.seq})")
     print(f"cache    {stream.cache or 'none: a .npy is read in place'}")
     return 0

@@ -113,6 +113,7 @@ def test_cache_equals_the_in_memory_tokenization(tmp_path, request, tokenizer, m
         got_ids, got_predict = as_lists(stream)
         assert got_ids == ids and got_predict == predict, path.name
         assert stream.ids.dtype == np.uint16 and stream.max_id == max(ids)
+        assert stream.targets == sum(predict)
     chunks = list(data_formats.read_docs(tmp_path / "t.txt").batches)
     assert len(chunks) > 50  # the text was really cut
 
