@@ -9,7 +9,7 @@ measures the host), `grid-a`, `grid-b` (--machine auto: the lease's own measured
 every run predicts from that one profile and the re-fit does not move it between runs),
 `preset` (--machine h200-16c-128g, uncalibrated), `top3` (the search's three fastest placements
 of five points, each pinned and run), `traces` (five of the worst-predicted points again, each
-with its measured trace saved). Every run's line (command, summary) goes to
+with its measured trace saved), `recheck` (six grid points again, after a cost-model change). Every run's line (command, summary) goes to
 `<out>/<group>.jsonl` as it ends; a run that would start past `--budget-s` is skipped and said.
 """
 
@@ -42,6 +42,10 @@ PRESET = [
 TRACED = [
     ("qwen2.5-0.5b", 1, 512), ("llama-3.2-1b", 4, 1024), ("qwen2.5-1.5b", 16, 1024),
     ("qwen3-1.7b", 2, 8192), ("qwen2.5-0.5b", 32, 2048),
+]  # fmt: skip
+RECHECK = [
+    ("qwen2.5-0.5b", 32, 2048), ("qwen2.5-1.5b", 16, 1024), ("qwen3-1.7b", 2, 8192),
+    ("qwen3-0.6b", 8, 4096), ("llama-3.2-3b", 16, 1024), ("mistral-7b", 16, 1024),
 ]  # fmt: skip
 TOP3 = [
     ("llama-3.2-1b", 16, 1024), ("qwen2.5-1.5b", 8, 2048), ("llama-3.2-3b", 16, 1024),
@@ -92,6 +96,8 @@ def jobs(group: str) -> list[tuple[tuple, list[str]]]:
         return [(p, train_command(*p, "auto", ["--no-replan", "--trace-steps", "3:4",
                                                "--save-trace", f"/tmp/grid/trace-{i}.json"]))
                 for i, p in enumerate(TRACED)]  # fmt: skip
+    if group == "recheck":  # grid points again after a change to the cost model
+        return [(p, train_command(*p, "auto", ["--no-replan"])) for p in RECHECK]
     if group == "preset":
         return [(p, train_command(*p, "h200-16c-128g", ["--no-replan"])) for p in PRESET]
     out = []
@@ -109,7 +115,9 @@ def jobs(group: str) -> list[tuple[tuple, list[str]]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--group", choices=("cold", "grid-a", "grid-b", "preset", "top3", "traces"))
+    ap.add_argument(
+        "--group", choices=("cold", "grid-a", "grid-b", "preset", "top3", "traces", "recheck")
+    )
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--report", nargs="*", type=Path)

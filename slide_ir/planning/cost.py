@@ -54,6 +54,7 @@ from typing import Any
 from slide_ir.ir.graph import Op, OpKind, Work
 from slide_ir.planning.gpu_rates import REF_LCE, ShapeRates
 from slide_ir.planning.shapes import loss_gemms
+from slide_ir.specs.model import LCE_BYTES_PER_LOGIT
 
 # Latency of one ring step of an intra-node collective (a send to the next rank and its
 # arrival). An estimate, not a measurement: NCCL's small-message collectives on one NVLink node
@@ -193,7 +194,9 @@ class CostModel:
         if self.rates.lce is None:
             return 1.0
         ref = REF_LCE
-        probe = Work(bytes=14 * ref["tokens"] * ref["vocab"], gemms=loss_gemms(**REF_LCE))
+        probe = Work(
+            bytes=LCE_BYTES_PER_LOGIT * ref["tokens"] * ref["vocab"], gemms=loss_gemms(**ref)
+        )
         measured = ref["tokens"] * ref["vocab"] / self.rates.lce
         return measured / self.compute_seconds(probe)
 

@@ -36,6 +36,7 @@ _ZERO_OK = frozenset({"num_experts", "experts_per_token", "shared_experts",
                       "moe_intermediate_size", "dense_layers", "q_lora_rank", "kv_lora_rank",
                       "qk_rope_head_dim", "v_head_dim"})  # fmt: skip
 _BF16, _FP32 = 2, 4
+LCE_BYTES_PER_LOGIT = 6  # the fused loss's row kernel: two bf16 reads and one write per logit
 
 
 class UnknownModelError(ValueError):
@@ -238,10 +239,11 @@ class ModelSpec:
         return batch * seq * per_token
 
     def head_elementwise_bytes(self, batch: int, seq: int) -> int:
-        """HBM traffic of the fused loss outside its GEMMs: each chunk's logits are written in
-        FP32 by the GEMM and read by the softmax kernel (8 B), which writes their BF16 gradient
-        (2 B) for the two backward GEMMs to read (4 B): 14 B per logit."""
-        return 14 * batch * seq * self.vocab_size
+        """HBM traffic of the fused loss outside its GEMMs (`kernels.lce`, bf16 logits): the
+        row kernel reads each chunk's logits twice (the log-sum-exp, then the gradient) and
+        writes their gradient over them, 6 B per logit; the GEMMs' own reads and writes of the
+        logits are theirs (`Gemm.bytes`)."""
+        return LCE_BYTES_PER_LOGIT * batch * seq * self.vocab_size
 
     def layer_bwd_flops(self, batch: int, seq: int) -> float:
         """Backward = 2x forward (input grad + weight grad per matmul), attention included.
