@@ -22,7 +22,9 @@ import torch
 from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_device, update_host
 from executor.buffers import HostMemory, OptState
 from slide.fileio import fsync_path
+from slide_ir.ir.graph import Attention
 from slide_ir.planning.gpu_rates import REF_LCE, REF_TOKENS
+from slide_ir.planning.shapes import linear_shapes
 from slide_ir.specs.model import ModelSpec
 
 HostUnit = tuple[torch.Tensor, list[Part], torch.Tensor]  # gradient, state parts, output
@@ -70,7 +72,7 @@ def matmul_rate(model: ModelSpec, tokens: int = REF_TOKENS) -> Figure:
     shapes of the cost model's GEMM curve (`slide_ir.planning.gpu_rates`)."""
     h, i, q, kv = model.hidden_size, model.intermediate_size, model.q_dim, model.kv_dim
     flops = seconds = 0.0
-    for out_f, in_f in ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i)):
+    for out_f, in_f in linear_shapes(h, i, q, kv):
         x = torch.randn(tokens, in_f, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(tokens, out_f, device="cuda", dtype=torch.bfloat16)
@@ -83,9 +85,9 @@ def matmul_rate(model: ModelSpec, tokens: int = REF_TOKENS) -> Figure:
     )
 
 
-def attention_rate(model: ModelSpec, batch: int = 4, seq: int = 2048) -> Figure:
-    """Causal SDPA forward + backward; FLOPs counted for the causal half, backward = 2x forward."""
-    shape = (batch, model.num_heads, seq, model.head_dim)
+def attention_seconds(a: Attention, repeats: int = 10, warmup: int = 2) -> float:
+    """Causal SDPA forward + backward at `a`, BF16."""
+    shape = (a.batch, a.heads, a.seq, a.head_dim)
     q, k, v = (
         torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
@@ -93,11 +95,21 @@ def attention_rate(model: ModelSpec, batch: int = 4, seq: int = 2048) -> Figure:
     grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
 
     def step() -> None:
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out.backward(grad)
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
 
-    fwd = 2 * 2 * batch * model.num_heads * seq * seq * model.head_dim / 2
-    return Figure(3 * fwd / cuda_median(step), f"SDPA causal fwd+bwd, {shape}, bf16")
+    return cuda_median(step, repeats=repeats, warmup=warmup)
+
+
+def attention_flops(a: Attention) -> float:
+    """FLOPs as the cost model counts them: causal pairs s^2 / 2, backward = 2 x forward."""
+    return 3 * 2 * 2 * a.batch * a.heads * a.seq * a.seq / 2 * a.head_dim
+
+
+def attention_rate(model: ModelSpec, batch: int = 4, seq: int = 2048) -> Figure:
+    """Causal SDPA forward + backward at the model's heads and head dim."""
+    a = Attention(batch=batch, heads=model.num_heads, seq=seq, head_dim=model.head_dim)
+    shape = (batch, model.num_heads, seq, model.head_dim)
+    return Figure(attention_flops(a) / attention_seconds(a), f"SDPA causal fwd+bwd, {shape}, bf16")
 
 
 def hbm_rate(size_mb: int = 2048) -> Figure:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from slide.calibration.gpu_probes import cuda_median
-from slide_ir.ir.graph import Attention, Gemm
+from slide.calibration.gpu_probes import attention_flops, attention_seconds, cuda_median
+from slide_ir.ir.graph import Gemm
 from slide_ir.planning.gpu_rates import ATTENTION_GRID, attention_dims, gemm_grid
 from slide_ir.specs.hardware_parts import format_grid
 
@@ -32,30 +32,14 @@ def gemm_seconds(g: Gemm) -> float:
     return cuda_median(lambda: x @ w.t(), repeats=5, warmup=1)
 
 
-def attention_seconds(a: Attention) -> float:
-    """Causal SDPA forward + backward at `a`, BF16 (as `gpu_probes.attention_rate`)."""
-    shape = (a.batch, a.heads, a.seq, a.head_dim)
-    q, k, v = (
-        torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
-    )
-    grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-
-    def step() -> None:
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
-
-    return cuda_median(step, repeats=5, warmup=1)
-
-
 def gemm_grid_rates() -> GridFigure:
     points = [((g.m, g.n, g.k), g.flops / gemm_seconds(g) / 1e12) for g in gemm_grid()]
     return GridFigure(format_grid(points), "bf16 x @ w.T at each grid shape", len(points))
 
 
 def attention_grid_rates() -> GridFigure:
-    """FLOPs as the cost model counts them: causal pairs s^2 / 2, backward = 2 x forward."""
-    points = []
-    for a in ATTENTION_GRID:
-        fwd = 2 * 2 * a.batch * a.heads * a.seq * a.seq / 2 * a.head_dim
-        points.append((attention_dims(a), 3 * fwd / attention_seconds(a) / 1e12))
+    points = [
+        (attention_dims(a), attention_flops(a) / attention_seconds(a, 5, 1) / 1e12)
+        for a in ATTENTION_GRID
+    ]
     return GridFigure(format_grid(points), "causal SDPA fwd+bwd at each grid shape", len(points))

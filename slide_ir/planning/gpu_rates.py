@@ -40,6 +40,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from slide_ir.ir.graph import Attention, Gemm
+from slide_ir.planning.shapes import backward_gemms, forward_gemms
 from slide_ir.specs.hardware_parts import parse_grid
 
 # The probes' reference shapes (`slide.calibration.gpu_probes`): llama-3.1-8b's layer linears
@@ -83,11 +84,8 @@ def reference_gemms() -> tuple[Gemm, ...]:
 
 def layer_gemms(h: int, i: int, q: int, kv: int, tokens: int) -> tuple[Gemm, ...]:
     """A decoder layer's forward GEMMs and both backward products of each."""
-    gemms = []
-    for out, inp in ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i)):
-        t = tokens
-        gemms += [Gemm(m=t, n=out, k=inp), Gemm(m=t, n=inp, k=out), Gemm(m=out, n=inp, k=t)]
-    return tuple(gemms)
+    forward = forward_gemms(h, i, q, kv, tokens)
+    return forward + backward_gemms(forward)
 
 
 def gemm_grid() -> tuple[Gemm, ...]:

@@ -24,13 +24,23 @@ from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
 
 
+def linear_shapes(h: int, i: int, q: int, kv: int) -> tuple[tuple[int, int], ...]:
+    """(out, in) of a dense decoder layer's four GEMMs: qkv, o, gate_up, down."""
+    return ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i))
+
+
+def forward_gemms(h: int, i: int, q: int, kv: int, tokens: int) -> tuple[Gemm, ...]:
+    """(M, N, K) of a dense decoder layer's forward matmuls over `tokens` rows."""
+    return tuple(Gemm(m=tokens, n=out, k=inp) for out, inp in linear_shapes(h, i, q, kv))
+
+
 def layer_forward_gemms(model: ModelSpec, tokens: int) -> tuple[Gemm, ...]:
-    """(M, N, K) of one decoder layer's forward matmuls over `tokens` rows; () for MoE."""
+    """`forward_gemms` of `model`'s layer; () for MoE."""
     if model.is_moe:
         return ()
-    h, i, q, kv = model.hidden_size, model.intermediate_size, model.q_dim, model.kv_dim
-    shapes = ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i))  # (out, in) of each linear
-    return tuple(Gemm(m=tokens, n=out, k=inp) for out, inp in shapes)
+    return forward_gemms(
+        model.hidden_size, model.intermediate_size, model.q_dim, model.kv_dim, tokens
+    )
 
 
 def backward_gemms(forward: tuple[Gemm, ...]) -> tuple[Gemm, ...]:
