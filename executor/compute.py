@@ -26,7 +26,7 @@ from executor import adam, layers
 from executor.buffers import GpuUnit
 from executor.env import Env, LaneState
 from executor.tape import Tape
-from slide_ir.ir.graph import Op, Value
+from slide_ir.ir.graph import Op, Role, Value
 
 
 def _leaves(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -50,25 +50,28 @@ def fwd(env: Env, lane: LaneState, op: Op) -> None:
     u = op.unit
     unit, out = env.buffers.unit_at(op.reads[0], u), env.buffers.of(op.writes[0], u)
     views = env.layouts[u].views(unit.w)
+    staged, tape = op.written_as(Role.TOKENS), op.written_as(Role.TAPE)
     with torch.no_grad():
-        if u == 0:
+        if staged is not None:  # the embedding: this micro-batch's tokens go up first
             batch = env.take_batch(op.step, op.micro)
-            tokens = env.buffers.tokens(op.writes[1])
+            tokens = env.buffers.tokens(staged)
             tokens.ids.copy_(batch.tokens.ids, non_blocking=True)
             tokens.labels.copy_(batch.tokens.labels, non_blocking=True)
             batch.tokens.mark_uploaded()
             tokens.scale = batch.scale
             layers.embed(tokens.ids, views["embed.w"], out)
-        elif len(op.writes) > 1:
-            _fwd_taped(env, lane, op, unit, out)
+        elif tape is not None:
+            _fwd_taped(env, lane, op, unit, out, tape)
         else:
             x = env.buffers.of(op.reads[1], u)
             layers.decoder_layer(x, views, env.spec, env.rope, out=out)
 
 
-def _fwd_taped(env: Env, lane: LaneState, op: Op, unit: GpuUnit, out: torch.Tensor) -> None:
-    """A forward that keeps its tape for `bwd` (written as the op's second value): the
-    recompute's work, done once; the output is copied into its slot."""
+def _fwd_taped(
+    env: Env, lane: LaneState, op: Op, unit: GpuUnit, out: torch.Tensor, kept: Value
+) -> None:
+    """A forward that keeps its tape for `bwd` (the value `kept`): the recompute's work, done
+    once; the output is copied into its slot."""
     u = op.unit
     tape = Tape(weights=unit.w)
     tape.x = env.buffers.of(op.reads[1], u).detach().clone().requires_grad_()
@@ -76,7 +79,7 @@ def _fwd_taped(env: Env, lane: LaneState, op: Op, unit: GpuUnit, out: torch.Tens
     with torch.enable_grad(), tape.hooks():
         tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, env.rope)
     out.copy_(tape.out.detach())
-    lane.tapes[op.writes[1].name] = tape
+    lane.tapes[kept.name] = tape
 
 
 def recompute(env: Env, lane: LaneState, op: Op) -> None:
@@ -95,8 +98,9 @@ def bwd(env: Env, lane: LaneState, op: Op) -> None:
     u = op.unit
     unit = _grads(env, op.writes[0], u)
     grad_out = env.buffers.of(op.reads[2], u)
-    if u == 0:
-        ids = env.buffers.tokens(op.reads[1]).ids
+    staged = op.read_as(Role.TOKENS)
+    if staged is not None:  # the embedding: its gradient is a scatter of the tokens' rows
+        ids = env.buffers.tokens(staged).ids
         g = env.layouts[0].views(unit.g)["embed.w"]
         layers.embed_backward(ids, grad_out, g, accumulate=True)
         return
@@ -112,9 +116,10 @@ def bwd(env: Env, lane: LaneState, op: Op) -> None:
 
 def _lm_leaf(env: Env, op: Op, head: GpuUnit) -> torch.Tensor:
     """The LM-head weight as a leaf whose gradient lands in its unit's buffer: the head's, or
-    with tied embeddings the embedding's (the op's fourth read and third write)."""
-    if len(op.reads) > 3:
-        emb = _grads(env, op.writes[2], 0)
+    with tied embeddings the embedding's (the op's tied read and write)."""
+    tied = op.written_as(Role.TIED)
+    if tied is not None:
+        emb = _grads(env, tied, 0)
         w, g = (env.layouts[0].views(t)["embed.w"] for t in (emb.w, emb.g))
     else:
         layout = env.layouts[env.spec.num_layers + 1]

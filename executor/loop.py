@@ -1,18 +1,18 @@
-"""The main thread's part of a run: repeat the plan's graph until the run's steps are done,
-feeding micro-batches, waiting for each step, reporting it, saving at step boundaries.
+"""The main thread's part of a run: repeat the Program's graph until the steps asked for are
+done, feeding micro-batches, waiting for each step, reporting it, saving at step boundaries.
 
-The planned graph covers a few steps (`GRAPH_STEPS`); a longer run repeats it, the lanes joined
-and restarted between repetitions (milliseconds), the Adam step count and LR offset by the steps
-already run. So the ops, completions and events alive at any time do not grow with the run, and
-planning a 100,000-step run costs what planning 64 steps does. Each repetition's first step
-starts from the state the previous one left, which is what its graph assumes of a fresh run:
-every unit's home copy (host or device) holds the latest weights when all ops have finished.
+The Program's graph covers a few steps; a longer run repeats it, the lanes joined and restarted
+between repetitions (milliseconds), the Adam step count and LR offset by the steps already run.
+Each repetition's first step starts from the state the previous one left, which is what its
+graph assumes of a fresh run: every unit's home copy (host or device) holds the latest weights
+when all ops have finished. The controller runs the steps in stretches (`Driver.advance`): to
+check its placement after a few, then on, in the same engine or, after a move, another one.
 
 Within a repetition: feed step s+1, wait for step s, report it. Feeding one step ahead keeps the
 lanes busy across the step boundary; stopping (on_step returned True, Ctrl-C) stops feeding, so
-the state after the last fed step is consistent. Before a save the next step is not fed: with
-no micro-batch the lanes cannot reach its backward, so no update touches the state while it is
-read (uploads and prefetches of the next step only read it).
+the state after the last fed step is consistent. Before a save, and at the end of a stretch,
+the next step is not fed: with no micro-batch the lanes cannot reach its backward, so no update
+touches the state while it is read (uploads and prefetches of the next step only read it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,16 +37,10 @@ from executor.runtime import Lanes, Shared, make_shared, wait_ops
 from executor.staging import TokenStaging
 from executor.state import ReadState
 from slide_ir.ir.graph import GraphInfo
-from slide_ir.planning.data_parallel import shard_plan
-from slide_ir.planning.planner import Plan, plan
-from slide_ir.specs.config import TrainConfig
+from slide_ir.program import Program, next_pass
 
 log = logging.getLogger("executor.loop")
 
-# steps of the graph a run repeats: the first step of each repetition starts on a drained
-# pipeline (on the H200, 3B at batch 16, it took 0.16 s more than the others, at 16-step
-# repetitions: ~1% of the run); planning 64 steps of a 70B model takes 0.45 s here
-GRAPH_STEPS = 64
 LOSS_HISTORY = 10_000  # the last losses and LRs a result keeps (aggregates come from on_step)
 OnStep = Callable[[int, float, float, dict[str, Any]], bool | None]
 OnSave = Callable[[int, ReadState], None]
@@ -59,30 +53,6 @@ class NonFiniteLossError(FloatingPointError):
 
 class DataError(ValueError):
     pass
-
-
-def graph_config(config: TrainConfig) -> TrainConfig:
-    """The configuration of the graph a run of `config.steps` steps repeats."""
-    return replace(config, steps=min(config.steps, GRAPH_STEPS))
-
-
-def graph_plan(p: Plan, steps: int, ranks: Ranks | None = None) -> Plan:
-    """The plan whose graph a run of `steps` repeats: `p` itself when it is short enough.
-    Data parallel: `p` is rank `ranks.rank`'s (`rank_plan`), and so is the result."""
-    n = min(steps, GRAPH_STEPS)
-    if p.config.steps == n:
-        return p
-    out = plan(p.model, p.machine, replace(p.config, steps=n))
-    if ranks is not None:
-        out = rank_plan(out, ranks)
-    assert out.graph.pools == p.graph.pools, "a plan's pools must not depend on its steps"
-    return out
-
-
-def rank_plan(p: Plan, ranks: Ranks) -> Plan:
-    """One rank's single-GPU plan `p` (at the rank's batch) with its graph sharded for rank
-    `ranks.rank` of `ranks.nproc` (`slide_ir.planning.data_parallel`)."""
-    return replace(p, graph=shard_plan(p, ranks.nproc, ranks.rank).graph)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,15 +69,6 @@ class Saver:
             torch.cuda.synchronize(run.env.device)
         on_save = self.on_save
         state_mod.read_on_main(run.env, lambda read: on_save and on_save(global_step, read))
-
-
-# (the plan whose graph ran, busy seconds per lane over `steps`, steps, the same per op kind) ->
-# the plan and engine to go on with, or None to keep the running ones (`executor.train`
-# re-plans; see slide_ir.planning.refit)
-Replan = Callable[
-    [Plan, dict[str, float], set[int], dict[str, float]], "tuple[Plan, setup_mod.Run] | None"
-]
-REPLAN_AFTER = 6  # steps of the first repetition when re-planning: warm-up + 5 steady steps
 
 
 @dataclass
@@ -150,11 +111,12 @@ class Progress:
 
 
 class Driver:
-    """Runs `steps` steps by repeating `p.graph` (see the module docstring)."""
+    """Runs a Program's `steps` steps in stretches (see the module docstring); the last is
+    not saved (the caller's final save is)."""
 
     def __init__(
         self,
-        p: Plan,
+        program: Program,
         run: setup_mod.Run,
         it: Batches,
         *,
@@ -164,18 +126,14 @@ class Driver:
         saver: Saver | None,
         window: StepWindow,
         log_every: int,
-        cpu_threads: int | None,
-        replan: Replan | None = None,
         steady_from: int = 2,
     ) -> None:
-        self.p, self.run_, self.it, self.steps = p, run, it, steps
-        self.replan = replan
+        self.program, self.run_, self.it, self.steps = program, run, it, steps
         self.start_step, self.on_step, self.saver = start_step, on_step, saver
-        self.cpu_threads = cpu_threads
         self.interrupts = DeferredInterrupts()
         recorder = Recorder(run.env.cuda, window)
         self.window = window
-        self.trace_info = p.graph.info  # the graph the trace window's spans ran
+        self.trace_info = program.info  # the graph the trace window's spans ran
         self.progress = Progress(
             recorder=recorder,
             memory=MemoryLog(window, run.memory_at_start(recorder.t0)),
@@ -187,19 +145,27 @@ class Driver:
             interval=(recorder.t0, 0, {}),
         )
 
-    def run(self) -> Progress:
-        """The run's passes; a Ctrl-C meanwhile lands only in a step's wait (see `interrupts`)."""
+    def advance(self, until: int) -> Progress:
+        """Run steps until `until` of this run are done (or it stops); a Ctrl-C meanwhile lands
+        only in a step's wait (see `interrupts`)."""
         with self.interrupts:
-            return self._passes()
+            return self._passes(until)
 
-    def _passes(self) -> Progress:
+    def move(self, program: Program, run: setup_mod.Run) -> None:
+        """Go on in another engine, built for `program` from the state this one left."""
+        self.program, self.run_ = program, run
+        if self.progress.done < self.window.first:
+            self.trace_info = program.info
+
+    def _passes(self, until: int) -> Progress:
         pr, env = self.progress, self.run_.env
-        lanes = Lanes(env, self.p.graph.lanes(), self.cpu_threads)
+        threads = self.program.cpu_threads if env.cuda else None
+        lanes = Lanes(env, self.program.graph.lanes(), threads)
         shared: Shared | None = None
         try:
-            engines, ran = self._engines(env, 0), set[int]()
-            while pr.done < self.steps and not pr.stop:
-                n = self._pass_steps(pr.done)
+            engines, ran = self._engines(env, until), set[int]()
+            while pr.done < until and not pr.stop:
+                n = next_pass(self.program.info.steps, pr.done, until)
                 shared = engines[n]
                 if n in ran:
                     shared.rerun()
@@ -209,22 +175,6 @@ class Driver:
                 global_step = self.start_step + pr.done
                 if self.saver and pr.done < self.steps and self.saver.due(global_step):
                     self.saver.save(global_step, self.run_)
-                if self.replan is not None and pr.done == n and n < self.steps:
-                    swap = self.replan(
-                        graph_plan(self.p, n),
-                        pr.recorder.steady_busy(),
-                        set(range(2, n + 1)),
-                        pr.recorder.steady_busy_by_kind(),
-                    )
-                    if swap is not None:  # another placement: its engine, lanes and graph
-                        lanes.stop(shared, abort=False)
-                        shared = None
-                        self.p, self.run_ = swap
-                        env = self.run_.env
-                        if pr.done < self.window.first:
-                            self.trace_info = self.p.graph.info
-                        lanes = Lanes(env, self.p.graph.lanes(), self.cpu_threads)
-                    engines, ran = self._engines(env, pr.done), set()  # the plan that goes on
         except BaseException as exc:
             if env.ranks is not None:  # tell the other ranks first: they may be waiting on us
                 env.ranks.settle(shared.error[0] if shared is not None and shared.error else exc)
@@ -236,32 +186,15 @@ class Driver:
         pr.recorder.resolve(pr.done)
         return pr
 
-    def _pass_steps(self, done: int) -> int:
-        """Steps of the pass that starts after `done` steps: the whole graph; the re-plan
-        check's first pass is shorter, and so is a run's last when the graph does not divide
-        what is left."""
-        n = min(self.p.graph.info.steps, self.steps - done)
-        return min(n, REPLAN_AFTER) if self.replan is not None and done == 0 else n
-
-    def _engines(self, env: Env, done: int) -> dict[int, Shared]:
-        """What each pass of the run from `done` on needs (its graph, completions, events),
-        by pass length, made now: the last pass's shorter graph planned at the run's end was
-        host memory taken in the steady state (4.9 MB for llama-3.2-1b's 58-step pass; issue
-        14). Before the re-plan check, only its pass: the check may choose another plan."""
-        lengths, at = dict[int, None](), done  # in the order the passes take them
-        while at < self.steps:
-            lengths[n := self._pass_steps(at)] = None
+    def _engines(self, env: Env, until: int) -> dict[int, Shared]:
+        """What each pass up to `until` needs (its graph, completions, events), by pass
+        length, made now: a pass's graph made in the steady state was host memory taken there."""
+        lengths, at = dict[int, None](), self.progress.done
+        while at < until:
+            lengths[n := next_pass(self.program.info.steps, at, until)] = None
             at += n
-            if self.replan is not None and done == 0:
-                break
-        full = self.p.graph.info.steps
         return {
-            n: make_shared(
-                env,
-                self.p.graph if n == full else graph_plan(self.p, n, env.ranks).graph,
-                self.progress.recorder,
-            )
-            for n in lengths
+            n: make_shared(env, self.program.pass_graph(n), self.progress.recorder) for n in lengths
         }
 
     def _repeat(self, lanes: Lanes, shared: Shared, n: int) -> bool:
@@ -292,7 +225,7 @@ class _Repetition:
 
     def feed(self) -> None:
         self.fed += 1
-        env, info = self.d.run_.env, self.d.p.graph.info
+        env, info = self.d.run_.env, self.d.program.info
         for mb in micro_batches(self.d.it, self.fed, info, self.base, env.staging, env.ranks):
             env.batches.put(mb)
 
@@ -342,7 +275,7 @@ class _Repetition:
                 f"step {self.base + step}: loss is {loss}; stopping (this step's update "
                 "has already been applied: keep the previous checkpoint)"
             )
-        metrics = step_metrics(d.p, now - pr.last, env.ranks) | self._interval(now)
+        metrics = step_metrics(d.program, now - pr.last, env.ranks) | self._interval(now)
         pr.steady.add(pr.done, metrics["step_time_s"], metrics["tokens"])
         pr.last = now
         stop = d.on_step is not None and bool(d.on_step(self.base + step, loss, lr, metrics))
@@ -361,7 +294,7 @@ class _Repetition:
             return {}
         t, done, busy = pr.interval
         seconds = now - t
-        tokens = _tokens_per_step(self.d.p, self.d.run_.env.ranks) * (pr.done - done)
+        tokens = _tokens_per_step(self.d.program, self.d.run_.env.ranks) * (pr.done - done)
         lanes = {
             lane: round((total - busy.get(lane, 0.0)) / seconds, 4)
             for lane, total in sorted(pr.recorder.busy.items())
@@ -412,17 +345,17 @@ def micro_batches(
     ]
 
 
-def _tokens_per_step(p: Plan, ranks: Ranks | None) -> int:
+def _tokens_per_step(p: Program, ranks: Ranks | None) -> int:
     """The step's tokens over every rank (a rank's graph holds its own rows)."""
-    return p.graph.info.tokens_per_step * (ranks.nproc if ranks is not None else 1)
+    return p.info.tokens_per_step * (ranks.nproc if ranks is not None else 1)
 
 
-def step_metrics(p: Plan, seconds: float, ranks: Ranks | None = None) -> dict[str, Any]:
+def step_metrics(p: Program, seconds: float, ranks: Ranks | None = None) -> dict[str, Any]:
     """The step's figures; data parallel: tokens over all ranks, TFLOP/s per GPU."""
     tokens = _tokens_per_step(p, ranks)
     return {
         "step_time_s": seconds,
         "tokens": tokens,
         "tokens_per_s": tokens / seconds if seconds > 0 else float("inf"),
-        "model_tflops": p.graph.info.flops_per_step / seconds / 1e12 if seconds > 0 else 0.0,
+        "model_tflops": p.info.flops_per_step / seconds / 1e12 if seconds > 0 else 0.0,
     }

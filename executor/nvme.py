@@ -1,6 +1,6 @@
 """NVMe tier: one file per drive, read and written at planned offsets.
 
-Drive k's file and what it holds: `slide_ir.planning.drives` (the plan names them from there).
+Drive k's file and what it holds: `slide_ir.ir.drives` (the plan names them from there).
 
 I/O bypasses the page cache: O_DIRECT files (`nvme_io`: aligned regions and buffers, short
 transfers resumed, a buffered fallback that drops its pages where O_DIRECT is refused), or
@@ -29,7 +29,7 @@ from executor import nvme_io, nvme_kvikio
 from executor.adam import Part
 from executor.buffers import OptState, stripe_numel
 from executor.nvme_io import align_up
-from slide_ir.planning.drives import NvmeDirs, drive_paths
+from slide_ir.ir.drives import NvmeDirs, drive_paths
 
 log = logging.getLogger("executor.nvme")
 

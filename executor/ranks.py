@@ -9,7 +9,7 @@ state read a unit at a time (checkpoints, the final hand-back). Host groups use 
 the `net` and `gpu` groups use NCCL.
 
 Rank r owns elements [r c, min((r + 1) c, q)) of a unit of q elements, c = ceil(q / N)
-(`slide_ir.planning.data_parallel.shard_range`); the unit's GPU buffers hold N c elements so every
+(`slide_ir.ir.shards.shard_range`); the unit's GPU buffers hold N c elements so every
 rank's part has the same size, as NCCL's collectives want.
 
 Every collective times out, and a rank that fails publishes its error in the rendezvous store
@@ -26,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from slide_ir.planning.sharding import shard_range, shard_size
+from slide_ir.ir.shards import shard_range, shard_size
 
 TIMEOUT_S = 600.0  # a collective waiting longer fails the run (a peer is gone or stuck)
 _FAILED = "slide/failed"

@@ -26,20 +26,20 @@ from executor.nvme import NvmeStore, StripeFormat, backend_for
 from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.staging import TokenStaging
+from slide_ir.ir.drives import NvmeDirs, act_slots_by_drive
 from slide_ir.ir.graph import Graph, PoolRole, Tier, UnitPlacement
 from slide_ir.ir.trace import MemorySample
-from slide_ir.planning.drives import NvmeDirs, act_slots_by_drive
-from slide_ir.planning.planner import Plan
+from slide_ir.program import Program
 
 
 @dataclass(kw_only=True)
 class Run:
-    plan: Plan
+    program: Program
     env: Env
     setup: Setup
 
     def memory_at_start(self, t0: float) -> list[MemorySample]:
-        tiers = self.plan.graph.pools
+        tiers = self.program.graph.pools
         out: dict[str, int] = {}
         for pool in tiers:
             out[str(pool.tier)] = out.get(str(pool.tier), 0) + self.env.buffers.allocated.get(
@@ -58,7 +58,7 @@ class Run:
         if rss:
             pinned = sum(
                 self.env.buffers.allocated.get(p.name, 0)
-                for p in self.plan.graph.pools
+                for p in self.program.graph.pools
                 if p.tier == Tier.PINNED
             )
             out.append(MemorySample(time=t, tier="pinned", bytes=pinned))
@@ -107,23 +107,11 @@ class Run:
             "intra_op_threads": torch.get_num_threads(),
             "knobs": {k: getattr(knobs, k) for k in knobs.__slots__},
             "allocated_bytes": dict(env.buffers.allocated),
-            "resident": _units_placed(self.plan.graph, UnitPlacement.RESIDENT),
-            "streamed": _units_placed(self.plan.graph, UnitPlacement.STREAMED),
-            "clip": "per-unit" if self.plan.graph.info.clip_norm else "none",
-            **({"placement": _placement(self.plan, env.cuda)} if self.plan.choice else {}),
+            "resident": _units_placed(self.program.graph, UnitPlacement.RESIDENT),
+            "streamed": _units_placed(self.program.graph, UnitPlacement.STREAMED),
+            "clip": "per-unit" if self.program.graph.info.clip_norm else "none",
+            **({"placement": dict(self.program.placement)} if self.program.placement else {}),
         }
-
-
-def _placement(p: Plan, cuda: bool) -> dict[str, Any]:
-    """What the placement search chose and the step it predicted for it (on the profile it
-    planned with: after a re-plan, the re-fit one), so a run can be set against its plan. In
-    CPU mode the profile's figures are a GPU preset's: no prediction of that run."""
-    assert p.choice is not None
-    chosen = p.choice.chosen
-    step = next((c.step_s for c in p.choice.considered if c.placement == chosen), None)
-    step = step if cuda else None
-    return {"chosen": chosen.describe(p.model), "how": p.choice.how, "predicted_step_s": step,
-            "tokens_per_step": p.graph.info.tokens_per_step}  # fmt: skip
 
 
 def _rss_bytes() -> int:
@@ -139,13 +127,13 @@ def _units_placed(graph: Graph, where: UnitPlacement) -> list[int]:
 
 
 def _nvme(
-    p: Plan, s: Setup, directories: NvmeDirs, act_bytes: int, cuda: bool, ranks: Ranks | None
+    p: Program, s: Setup, directories: NvmeDirs, act_bytes: int, cuda: bool, ranks: Ranks | None
 ) -> tuple[NvmeStore | None, StripeFormat | None]:
     optimizer = p.graph.info.optimizer
     on_disk = {pool.role for pool in p.graph.pools} & {PoolRole.NVME_STATE, PoolRole.NVME_HIDDEN}
     if not on_disk:
         return None, None
-    drives = len(p.machine.nvme)
+    drives = p.drives
     fmt = StripeFormat(
         drives=drives, master_on_nvme=optimizer == "nvme", moments_dtype=s.moments_dtype
     )
@@ -174,7 +162,7 @@ def shards(layouts: dict[int, UnitLayout], ranks: Ranks | None) -> dict[int, Sha
     }
 
 
-def _setup(p: Plan, device: torch.device, dtype: torch.dtype, ranks: Ranks | None) -> Setup:
+def _setup(p: Program, device: torch.device, dtype: torch.dtype, ranks: Ranks | None) -> Setup:
     info, spec = p.graph.info, p.model
     opt_on_nvme = {"cpu": (), "nvme": ("master", "moments"), "nvme-moments": ("moments",)}
     layouts = unit_layouts(spec)
@@ -188,13 +176,13 @@ def _setup(p: Plan, device: torch.device, dtype: torch.dtype, ranks: Ranks | Non
         moments_dtype=torch.float32 if info.moments_dtype == "fp32" else torch.bfloat16,
         hidden_shape=(info.batch, info.seq, spec.hidden_size),
         pin=device.type == "cuda",
-        stripes=len(p.machine.nvme) if info.optimizer != "cpu" else 0,
+        stripes=p.drives if info.optimizer != "cpu" else 0,
         opt_on_nvme=opt_on_nvme[info.optimizer],
     )
 
 
 def build(
-    p: Plan,
+    p: Program,
     *,
     device: torch.device,
     dtype: torch.dtype,
@@ -250,4 +238,4 @@ def build(
         if store is not None:  # no Run to close yet: remove the NVMe files here
             store.close()
         raise
-    return Run(plan=p, env=env, setup=s)
+    return Run(program=p, env=env, setup=s)

@@ -159,7 +159,7 @@ def rank_errors(ranks: Ranks) -> Iterator[None]:
     agent; an error a peer's failure caused names that peer; an interruption is reported by
     rank 0 alone; any other exception keeps its traceback (a bug), published too."""
     from executor.ranks import RankFailure
-    from executor.train import InfeasiblePlanError
+    from executor.run import InfeasiblePlanError
 
     try:
         yield

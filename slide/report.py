@@ -7,8 +7,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from slide_ir.ir.drives import drive_contents, drive_paths
 from slide_ir.planning.advice import suggest_fixes
-from slide_ir.planning.drives import drive_contents, drive_paths
 from slide_ir.planning.ledger import REPORT_TIERS, build_ledger
 from slide_ir.planning.placement import PlacementChoice
 from slide_ir.planning.planner import Plan

@@ -1,7 +1,7 @@
 """Saving a run's state as checkpoints of its `RunDir` while it trains.
 
 At a step boundary the executor holds the next step back and hands over a reader of the state
-(`executor.train.ReadState`: views of the live host buffers). When host RAM has room for a copy,
+(`executor.run.ReadState`: views of the live host buffers). When host RAM has room for a copy,
 the state is copied (training waits only for the copy) and written by a background thread while
 training goes on; otherwise training waits for the write itself (logged once, with the sizes).
 Checkpoints are published in step order: a save first waits for the previous write, and a write
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from executor.train import ReadState
+from executor.run import ReadState
 from slide.checkpoints import STATE_FILE, RunDir
 from slide.errors import StopRun
 from slide.resume import OPTIM_FILE

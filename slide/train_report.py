@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from executor.phases import Phases
-from executor.train import TrainResult
+from executor.run import TrainResult
 from slide.fileio import write_atomic
 from slide_ir.ir.trace import Metrics, to_chrome_trace, trace_metrics
 from slide_ir.specs.hardware import Machine

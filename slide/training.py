@@ -1,5 +1,5 @@
 """What `slide train` does around the executor: resolve inputs, check data, resume state and
-`--out` before any weight is touched, run `executor.train.train` once (periodic checkpoints are
+`--out` before any weight is touched, run `slide.session.train` once (periodic checkpoints are
 written at step boundaries while the engine stays up), report progress, write metrics, the
 trace and the Gantt chart.
 
@@ -28,26 +28,21 @@ import torch
 from executor import host_adam
 from executor.adam import AdamWConfig
 from executor.interrupts import AbortRun
-from executor.loop import graph_config, graph_plan
 from executor.phases import Phases, since_process_start
 from executor.ranks import Ranks
-from executor.train import (
-    InfeasiblePlanError,
-    NonFiniteLossError,
-    ReadState,
-    check_feasible,
-    train,
-)
+from executor.run import InfeasiblePlanError, NonFiniteLossError, ReadState
 from slide.checkpoints import RunDir
 from slide.data import TokenStream, batches, load_token_stream
 from slide.errors import StopRun, UserError
 from slide.resume import Resumed, read_checkpoint, state_json
 from slide.saving import Checkpointer, StateWriter
+from slide.session import check_feasible, train
 from slide.tokenizer import CORPUS, build_tiny_tokenizer, tokenizer_files
 from slide.train_report import Reporter, finish, phase_summary, prediction_warning
 from slide.weights import initial_weights
 from slide_ir.planning.data_parallel import plan_data_parallel
 from slide_ir.planning.planner import Plan, plan, plan_from_json
+from slide_ir.planning.programs import graph_config, pass_plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec, load_model
@@ -215,7 +210,9 @@ def _plan(
     batch / nproc, its state sharded when the executor runs it), checked to fit N ranks."""
     if nproc == 1:
         return (
-            graph_plan(saved, config.steps) if saved else plan(spec, machine, graph_config(config))
+            pass_plan(saved, graph_config(config).steps)
+            if saved
+            else plan(spec, machine, graph_config(config))
         )
     if saved:
         raise UserError("--plan runs a single-GPU plan: drop --plan, or --nproc")

@@ -27,7 +27,7 @@ import transformers
 from bench.speed.train_throughput import variant_fields
 from executor.adam import AdamWConfig
 from executor.reference_loop import reference_train
-from executor.train import train
+from slide.session import train
 from slide_ir import TrainConfig, load_machine, load_model
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]

@@ -27,8 +27,8 @@ import psutil
 import torch
 
 from executor.adam import AdamWConfig
-from executor.train import train
 from kernels import fused_linear_cross_entropy
+from slide.session import train
 from slide.weights import param_names, param_shape
 from slide_ir.ir.trace import trace_metrics
 from slide_ir.planning.planner import plan, plan_to_json

@@ -148,9 +148,9 @@ def probe_table(
     sizes: ProbeSizes, host: Host, nvme_dir: Path | None = None
 ) -> dict[str, Callable[[], Any]]:
     """The probes in the order they run, each a call that returns a Figure (or a dict of them)."""
-    from executor.train import default_optimizer_threads
     from slide.calibration import gpu_probes as cal
     from slide.calibration import shape_probes as shapes
+    from slide.session import default_optimizer_threads
 
     model = load_model(sizes.model)
     threads = default_optimizer_threads()  # the executor's optimizer threads on a CUDA host

@@ -129,6 +129,16 @@ def lane_index(lane: str) -> int:
     return int(lane[len(kind) :] or 0)
 
 
+class Role(StrEnum):
+    """What an operand is to its op where the op's kind has optional operands: an interpreter
+    tells the variants apart by these, never by a unit number or an operand count."""
+
+    MAIN = "main"  # the operands every op of the kind has (the order its kind documents)
+    TOKENS = "tokens"  # the step's token ids and labels: the embedding's fwd writes, its bwd reads
+    TAPE = "tape"  # a layer's autograd tape, written by a forward that keeps it for its bwd
+    TIED = "tied"  # the embedding's weights (read) and gradients (written) of a tied LM head
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Value:
     """A named value an op reads or writes, and the slot it sits in: `L12.w@gpu_units.1`.
@@ -140,18 +150,23 @@ class Value:
     name: str
     slot: str
     accumulate: bool = False
+    role: Role = Role.MAIN
 
     def __str__(self) -> str:
-        return f"{self.name}@{self.slot}{'+=' if self.accumulate else ''}"
+        role = f"#{self.role}" if self.role != Role.MAIN else ""
+        return f"{self.name}@{self.slot}{'+=' if self.accumulate else ''}{role}"
 
     @classmethod
     def parse(cls, text: str) -> Value:
-        """The inverse of `str`: `name@slot` or `name@slot+=`."""
+        """The inverse of `str`: `name@slot`, `name@slot+=`, either with `#role`."""
+        text, _, role = text.partition("#")
         accumulate = text.endswith("+=")
         name, at, slot = text.removesuffix("+=").partition("@")
         if not at or not name or not slot or "@" in slot:
             raise ValueError(f"value {text!r}: expected name@slot")
-        return cls(name=name, slot=slot, accumulate=accumulate)
+        if role and role not in set(Role):
+            raise ValueError(f"value {text!r}: unknown role {role!r} (one of {', '.join(Role)})")
+        return cls(name=name, slot=slot, accumulate=accumulate, role=Role(role or Role.MAIN))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -268,6 +283,14 @@ class Op:
     releases: tuple[str, ...] = ()
     reads: tuple[Value, ...] = ()
     writes: tuple[Value, ...] = ()
+
+    def read_as(self, role: Role) -> Value | None:
+        """The operand the op reads in `role`, if it has one."""
+        return next((v for v in self.reads if v.role == role), None)
+
+    def written_as(self, role: Role) -> Value | None:
+        """The operand the op writes in `role`, if it has one."""
+        return next((v for v in self.writes if v.role == role), None)
 
     def __post_init__(self) -> None:
         if self.id.split() != [self.id]:
@@ -476,9 +499,13 @@ def _op_from_dict(d: Mapping[str, Any]) -> Op:
         deps=tuple(d["deps"]),
         acquires=tuple(d["acquires"]),
         releases=tuple(d["releases"]),
-        reads=tuple(Value(**v) for v in d["reads"]),
-        writes=tuple(Value(**v) for v in d["writes"]),
+        reads=tuple(_value_from_dict(v) for v in d["reads"]),
+        writes=tuple(_value_from_dict(v) for v in d["writes"]),
     )
+
+
+def _value_from_dict(d: Mapping[str, Any]) -> Value:
+    return Value(**{**d, "role": Role(d.get("role", Role.MAIN))})
 
 
 # -- validation --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from slide_ir.ir.graph import Graph, GraphInfo, Op, OpKind, Pool, Value, Work
+from slide_ir.ir.graph import Graph, GraphInfo, Op, OpKind, Pool, Role, Value, Work
 
 NO_WORK = Work()  # an op that costs nothing (frozen: one shared instance)
 
@@ -29,6 +29,7 @@ class Taken:
     name: str
     index: int = 0
     accumulate: bool = False
+    role: Role = Role.MAIN
 
 
 class GraphBuilder:
@@ -74,7 +75,7 @@ class GraphBuilder:
         for slot in freed:
             self._free[slot.rpartition(".")[0]].append((slot, op_id))
         placed = [
-            Value(name=v.name, slot=slots[v.index], accumulate=v.accumulate)
+            Value(name=v.name, slot=slots[v.index], accumulate=v.accumulate, role=v.role)
             if isinstance(v, Taken)
             else v
             for v in writes

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from slide_ir.ir.drives import act_pool, saved_per_drive
 from slide_ir.ir.graph import Pool, Tier
 from slide_ir.ir.graph import PoolRole as R
-from slide_ir.planning.drives import act_pool, saved_per_drive
 from slide_ir.planning.zero_offload import (
     BUCKET_POOL,
     WHOLE_POOL,

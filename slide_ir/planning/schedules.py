@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slide_ir.ir.graph import OpKind, PoolRole, Value, Work, slot_id
+from slide_ir.ir.drives import act_drive, act_pool
+from slide_ir.ir.graph import OpKind, PoolRole, Role, Value, Work, slot_id
 from slide_ir.planning.builder import GraphBuilder, Taken
-from slide_ir.planning.drives import act_drive, act_pool
 from slide_ir.planning.ledger import (
     BF16,
     FP32,
@@ -123,13 +123,14 @@ class Ctx:
     def at(self, name: str, slot: str, *, accumulate: bool = False) -> Value | None:
         return Value(name=name, slot=slot, accumulate=accumulate) if self.values else None
 
-    def taken(self, name: str, index: int = 0) -> Taken | None:
-        return Taken(name, index) if self.values else None
+    def taken(self, name: str, index: int = 0, role: Role = Role.MAIN) -> Taken | None:
+        return Taken(name, index, role=role) if self.values else None
 
     def tokens(self, step: int, micro: int) -> Value | None:
         if not self.values:
             return None
-        return at(micro_prefix(step, micro, self.config.grad_accum) + "tokens", self.tokens_slot)
+        name = micro_prefix(step, micro, self.config.grad_accum) + "tokens"
+        return at(name, self.tokens_slot, role=Role.TOKENS)
 
     def on_gpu(self, unit: int) -> str:
         """The GPU slot holding the unit's weights (and grads) now."""
@@ -140,12 +141,12 @@ class Ctx:
         slot = self.unit_slot.get(unit) or self.homes.get((R.RESIDENT, unit))
         return slot or self.homes[(R.DEVICE_GRADS, unit)]
 
-    def weights_read(self, unit: int) -> Value | None:
+    def weights_read(self, unit: int, role: Role = Role.MAIN) -> Value | None:
         if not self.values:
             return None
-        return at(weights(unit), self.on_gpu(unit))
+        return at(weights(unit), self.on_gpu(unit), role=role)
 
-    def grads_write(self, unit: int, micro: int) -> Value | None:
+    def grads_write(self, unit: int, micro: int, role: Role = Role.MAIN) -> Value | None:
         """The unit's GPU gradient as the next op writes it: the first write of a micro-batch
         overwrites (unless the gradient persists across micro-batches), later ones add (a tied
         embedding gets the LM head's gradient, then the lookup's)."""
@@ -153,7 +154,7 @@ class Ctx:
             return None
         acc = unit in self.grads_written or (unit in self.persistent_grads and micro > 0)
         self.grads_written.add(unit)
-        return at(grads(unit), self.grads_on_gpu(unit), accumulate=acc)
+        return at(grads(unit), self.grads_on_gpu(unit), accumulate=acc, role=role)
 
     def home(self, role: PoolRole, unit: int, what: str) -> Value | None:
         if not self.values:
@@ -205,7 +206,8 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
             release=[ctx.unit_slot[i] if done_with_unit else None,
                      ctx.act_gpu[i] if taped else None],
             reads=[ctx.weights_read(i), ctx.at(oid(i, "x"), ctx.act_gpu[i])],
-            writes=[ctx.taken(oid(i + 1, "x")), ctx.taken(oid(i, "tape"), 1) if taped else None],
+            writes=[ctx.taken(oid(i + 1, "x")),
+                    ctx.taken(oid(i, "tape"), 1, Role.TAPE) if taped else None],
         )  # fmt: skip
         if done_with_unit:
             del ctx.unit_slot[i]
@@ -229,9 +231,9 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         scratch=["gpu_workspace"],
         release=[ctx.act_gpu[head]],
         reads=[ctx.weights_read(head), ctx.at(oid(head, "x"), ctx.act_gpu.pop(head)),
-               ctx.tokens(step, micro), ctx.weights_read(0) if tied else None],
+               ctx.tokens(step, micro), ctx.weights_read(0, Role.TIED) if tied else None],
         writes=[ctx.grads_write(head, micro), ctx.taken(oid(head, "dx")),
-                ctx.grads_write(0, micro) if tied else None],
+                ctx.grads_write(0, micro, Role.TIED) if tied else None],
     )  # fmt: skip
 
 

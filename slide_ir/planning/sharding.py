@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from slide_ir.ir.graph import Graph, Op, OpKind, Pool, PoolRole, UnitPlacement, Value, Work
+from slide_ir.ir.shards import shard_range, shard_size
 from slide_ir.planning.ledger import REPORT_TIERS, Ledger, unit_params
 from slide_ir.specs.model import ModelSpec
 
@@ -25,20 +26,6 @@ _STATE_IO = frozenset({K.NVME_READ, K.NVME_WRITE})  # per element when they move
 _SHARDED = frozenset({R.GRAD_LANDING, R.HOST_WEIGHTS, R.GRAD_ACCUM, R.MASTER, R.MOMENTS,
                       R.NVME_STATE, R.OPT_STAGING, R.STREAM_STATE})  # fmt: skip
 _HANDBACK = "host_handback"  # GPU-kept state handed back to host RAM: each rank its shard
-
-
-def shard_size(elements: int, nproc: int) -> int:
-    """Elements of the largest shard (and of every padded part): ceil(elements / nproc)."""
-    return -(-elements // nproc)
-
-
-def shard_range(elements: int, nproc: int, rank: int) -> tuple[int, int]:
-    """[start, end) of rank `rank`'s shard of a unit of `elements`; the ranks' ranges tile
-    [0, elements) in rank order (the last ones may be shorter, or empty, on tiny units)."""
-    if not 0 <= rank < nproc:
-        raise ValueError(f"rank must be within [0, {nproc}), got {rank}")
-    c = shard_size(elements, nproc)
-    return min(rank * c, elements), min((rank + 1) * c, elements)
 
 
 def shard_graph(

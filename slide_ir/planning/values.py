@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from slide_ir.ir.graph import Pool, PoolRole, Value, slot_id
+from slide_ir.ir.graph import Pool, PoolRole, Role, Value, slot_id
 
 
 def weights(unit: int) -> str:
@@ -50,5 +50,5 @@ def unit_homes(pools: Iterable[Pool]) -> dict[tuple[PoolRole, int], str]:
     return out
 
 
-def at(name: str, slot: str, *, accumulate: bool = False) -> Value:
-    return Value(name=name, slot=slot, accumulate=accumulate)
+def at(name: str, slot: str, *, accumulate: bool = False, role: Role = Role.MAIN) -> Value:
+    return Value(name=name, slot=slot, accumulate=accumulate, role=role)

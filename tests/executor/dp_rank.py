@@ -18,7 +18,8 @@ from runs import LR, MACHINE, model_config
 
 from executor.adam import AdamWConfig
 from executor.ranks import init_from_env
-from executor.train import TrainResult, train
+from executor.run import TrainResult
+from slide.session import train
 from slide_ir import TrainConfig, load_machine
 
 GLOBAL_BATCH, SEQ, STEPS = 6, 16, 4  # 6 rows: 2 or 3 ranks take 3 or 2 each

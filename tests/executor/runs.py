@@ -11,13 +11,14 @@ from hf_models import hf_model, spec_of, state_dict_fp32, tiny_config
 
 from executor import setup
 from executor.adam import AdamWConfig
-from executor.loop import rank_plan
 from executor.ranks import Ranks
 from executor.reference_loop import reference_train
-from executor.train import TrainResult, train
+from executor.run import TrainResult
+from slide.session import train
 from slide_ir import TrainConfig, load_machine
 from slide_ir.ir.graph import Graph
 from slide_ir.planning.planner import Plan, plan
+from slide_ir.planning.programs import program
 
 B, S, STEPS, LR = 2, 16, 10, 1e-3
 MACHINE = "h200-16c-128g"
@@ -105,10 +106,9 @@ def build_run(
     """The executor's set-up of plan `p` on the CPU (buffers, environment, state loaded from
     `cfg`'s random model), without running it: for tests of what set-up allocates. `ranks`:
     rank `ranks.rank`'s of a data-parallel run (no collective is made)."""
-    if ranks is not None:
-        p = rank_plan(p, ranks)
+    nproc, rank = (ranks.nproc, ranks.rank) if ranks is not None else (1, 0)
     return setup.build(
-        p,
+        program(p, [p.config.steps], cpu_threads=None, nproc=nproc, rank=rank),
         device=torch.device("cpu"),
         dtype=dtype,
         optim=AdamWConfig(),

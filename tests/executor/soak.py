@@ -13,7 +13,7 @@ import torch
 
 from executor.completion import Completion
 from executor.env import MicroBatch
-from executor.train import train
+from slide.session import train
 from slide.weights import RandomInit
 from slide_ir import TrainConfig, load_machine
 from slide_ir.ir.trace import MemorySample, Span

@@ -14,7 +14,7 @@ from hf_models import hf_model, spec_of, state_dict_fp32, tiny_config
 
 from bench.kernels.gpu_parity import plain_loop, weight_error, within_bf16_noise
 from executor.adam import AdamWConfig
-from executor.train import train
+from slide.session import train
 from slide_ir import TrainConfig, load_machine
 
 pytestmark = pytest.mark.gpu
@@ -97,9 +97,9 @@ def test_bf16_run_within_bf16_noise_of_plain_pytorch(config: dict) -> None:
 def test_allocation_count_flat_after_first_step(monkeypatch, graph_steps: int) -> None:
     """cudaMalloc calls (the caching allocator's segments) stop after step 1, also when the
     run repeats a 3-step graph (the lanes keep their streams across repetitions)."""
-    import executor.loop as loop_mod
+    from slide_ir.planning import programs
 
-    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", graph_steps)
+    monkeypatch.setattr(programs, "GRAPH_STEPS", graph_steps)
     counts: list[int] = []
 
     def on_step(step: int, loss: float, lr: float, metrics: dict) -> None:
@@ -116,10 +116,10 @@ def test_allocation_count_flat_after_first_step(monkeypatch, graph_steps: int) -
 def test_repeated_graph_and_saves_on_cuda(monkeypatch, config: dict) -> None:
     """10 steps as repetitions of a 3-step graph equal one 10-step graph, bitwise; a save
     inside a repetition reads the state that a run of that many steps ends with."""
-    import executor.loop as loop_mod
+    from slide_ir.planning import programs
 
     whole = _ours(config)
-    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
+    monkeypatch.setattr(programs, "GRAPH_STEPS", 3)
     saved: dict[int, dict[str, torch.Tensor]] = {}
 
     def on_save(step, read_state):  # type: ignore[no-untyped-def]
@@ -140,7 +140,7 @@ def test_repeated_graph_and_saves_on_cuda(monkeypatch, config: dict) -> None:
     assert repeated.losses == whole.losses
     assert all(torch.equal(t, whole.final_state[k]) for k, t in repeated.final_state.items())
     assert sorted(saved) == [4, 8]
-    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 16)
+    monkeypatch.setattr(programs, "GRAPH_STEPS", 16)
     four = train(
         spec_of(CONFIG),
         load_machine("h200-16c-128g"),

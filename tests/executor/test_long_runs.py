@@ -20,6 +20,7 @@ import executor.loop as loop_mod
 from executor.completion import Completions
 from executor.recording import RecentValues, Recorder, StepWindow
 from executor.runtime import make_shared
+from slide_ir.planning import programs
 
 PLACEMENTS = {
     "sliding": {},
@@ -39,7 +40,7 @@ def test_a_repeated_graph_equals_one_graph(monkeypatch, name):
     config = dict(PLACEMENTS[name])
     drives = int(config.pop("drives", 0))  # type: ignore[call-overload]
     whole = run_executor(False, drives=drives, **config)
-    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
+    monkeypatch.setattr(programs, "GRAPH_STEPS", 3)
     made, reported = [], []
     monkeypatch.setattr(
         loop_mod,
@@ -56,7 +57,7 @@ def test_a_repeated_graph_equals_one_graph(monkeypatch, name):
 
 
 def test_saves_inside_and_between_repetitions(monkeypatch):
-    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
+    monkeypatch.setattr(programs, "GRAPH_STEPS", 3)
     saved = {}
 
     def on_save(step, read_state):
@@ -71,7 +72,7 @@ def test_saves_inside_and_between_repetitions(monkeypatch):
 
 
 def test_the_trace_keeps_its_window(monkeypatch):
-    monkeypatch.setattr(loop_mod, "GRAPH_STEPS", 3)
+    monkeypatch.setattr(programs, "GRAPH_STEPS", 3)
     result = run_executor(False, steps=9, train_kwargs={"trace_steps": (4, 6)})
     steps = {s.step for s in result.trace.spans}
     assert steps == {4, 5, 6}

@@ -9,8 +9,8 @@ import pytest
 from runs import assert_bitwise_equal, graph_of, run_executor
 
 from executor.nvme_io import align_up
+from slide_ir.ir.drives import drive_contents, drive_paths, saved_per_drive
 from slide_ir.ir.graph import PoolRole
-from slide_ir.planning.drives import drive_contents, drive_paths, saved_per_drive
 
 
 def test_drive_k_goes_to_directory_k_mod_n(tmp_path: Path) -> None:

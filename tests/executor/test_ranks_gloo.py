@@ -20,7 +20,7 @@ from runs import LR, MACHINE, RTOL, build_run, max_rel_error, model_config
 
 from executor.layout import unit_layouts
 from executor.ranks import Ranks
-from executor.train import default_optimizer_threads, optimizer_threads
+from slide.session import default_optimizer_threads, optimizer_threads
 from slide_ir import TrainConfig, load_machine
 from slide_ir.ir.graph import PoolRole as R
 from slide_ir.ir.graph import Tier

@@ -1,4 +1,4 @@
-"""Online re-planning (slide_ir.planning.refit, executor.train's `replan_request`): after the first steady
+"""Online re-planning (slide_ir.planning.refit, slide.session.train's `replan_request`): after the first steady
 steps a run re-fits its profile to its measured lanes, and moves to the placement the search
 then chooses when it is predicted >= 3% faster; the training itself does not change."""
 
@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 from runs import STEPS, B, S, assert_bitwise_equal, assert_matches_reference, run_executor
 
-from executor import loop
-from executor import train as train_mod
+from slide import session
 from slide_ir import TrainConfig, load_machine
-from slide_ir.planning import refit
+from slide_ir.planning import programs, refit
 
 REQUEST = TrainConfig(batch=B, seq=S, steps=STEPS, placement="fast")
 
@@ -19,7 +18,7 @@ def test_a_slow_cpu_lane_moves_units_to_the_gpu(monkeypatch):
     """The cpu lane measured 8x slower than the profile: the search on the re-fit profile keeps
     more units resident; the run moves there after step 6 and still trains as the reference."""
     monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {"cpu": 8.0})
-    monkeypatch.setattr(train_mod, "MOVE_COST_PER_SETUP", 0.0)  # a move here costs nothing
+    monkeypatch.setattr(session, "MOVE_COST_PER_SETUP", 0.0)  # a move here costs nothing
     result = run_executor(False, placement="fast", train_kwargs={"replan_request": REQUEST})
     replan = result.meta["replan"]
     assert replan["replanned"], replan
@@ -73,9 +72,11 @@ def test_a_refit_machine_divides_each_lanes_rates():
 def test_a_kept_plan_runs_on_past_its_short_first_pass(monkeypatch):
     """No move after the 6-step first pass: the next passes repeat the whole graph again (a run
     longer than its graph once failed at step 7 by repeating the short pass's graph)."""
-    monkeypatch.setattr(loop, "GRAPH_STEPS", 8)
+    monkeypatch.setattr(programs, "GRAPH_STEPS", 8)
     monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {})
-    steps = loop.REPLAN_AFTER + 2 * loop.GRAPH_STEPS + 1  # the short pass, two whole, one short
+    steps = (
+        session.REPLAN_AFTER + 2 * programs.GRAPH_STEPS + 1
+    )  # the short pass, two whole, one short
     checked = run_executor(
         False, steps=steps, placement="fast", train_kwargs={"replan_request": REQUEST}
     )
@@ -84,10 +85,10 @@ def test_a_kept_plan_runs_on_past_its_short_first_pass(monkeypatch):
 
 
 def test_the_summary_counts_the_steps_after_the_check_and_its_step():
-    after = loop.REPLAN_AFTER
-    assert train_mod.steady_from(after + 6, after) == after + 2  # the check's step is left out
-    assert train_mod.steady_from(after + 1, after) == 2  # no step after the check's: all but 1
-    assert train_mod.steady_from(5, None) == 2  # no re-planning: every step after the first
+    after = session.REPLAN_AFTER
+    assert session.steady_from(after + 6, after) == after + 2  # the check's step is left out
+    assert session.steady_from(after + 1, after) == 2  # no step after the check's: all but 1
+    assert session.steady_from(5, None) == 2  # no re-planning: every step after the first
 
 
 def test_a_lane_bound_by_its_floors_refits_the_floors_not_the_rates():

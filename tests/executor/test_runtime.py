@@ -13,7 +13,8 @@ from runs import B, S, assert_bitwise_equal, batches, graph_of, run_executor
 from executor import handlers
 from executor.adam import AdamWConfig
 from executor.completion import WaitTimeout
-from executor.train import DataError, InfeasiblePlanError, NonFiniteLossError, train
+from executor.run import DataError, InfeasiblePlanError, NonFiniteLossError
+from slide.session import train
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
 from slide_ir.ir.trace import trace_violations
 

@@ -2,7 +2,18 @@
 
 import pytest
 
-from slide_ir.ir.graph import Graph, GraphError, GraphInfo, Op, OpKind, Pool, Tier, Work
+from slide_ir.ir.graph import (
+    Graph,
+    GraphError,
+    GraphInfo,
+    Op,
+    OpKind,
+    Pool,
+    Role,
+    Tier,
+    Value,
+    Work,
+)
 from slide_ir.ir.printing import format_graph, parse_graph
 
 INFO = GraphInfo(
@@ -88,3 +99,23 @@ def test_bad_values_are_refused():
         Work(flops=-1)
     with pytest.raises(GraphError, match="version"):
         Graph.from_json('{"version": 99}')
+
+
+def test_an_operand_role_prints_and_parses_back():
+    tokens = Value(name="s1.tokens", slot="gpu_tokens.0", role=Role.TOKENS)
+    grads = Value(name="U0.g", slot="gpu_units.0", accumulate=True, role=Role.TIED)
+    assert str(tokens) == "s1.tokens@gpu_tokens.0#tokens"
+    assert str(grads) == "U0.g@gpu_units.0+=#tied"
+    assert str(Value(name="x", slot="a.0")) == "x@a.0"  # the main role is left out
+    for v in (tokens, grads):
+        assert Value.parse(str(v)) == v
+    with pytest.raises(ValueError, match="unknown role 'kept'"):
+        Value.parse("x@a.0#kept")
+
+
+def test_an_op_finds_its_operands_by_role():
+    tape = Value(name="L1.tape", slot="gpu_tapes.0", role=Role.TAPE)
+    op = Op(id="s1.L1.fwd", kind=OpKind.FWD, lane="gpu", step=1, unit=1,
+            writes=(Value(name="L2.x", slot="gpu_acts.1"), tape))  # fmt: skip
+    assert op.written_as(Role.TAPE) == tape
+    assert op.written_as(Role.TOKENS) is None and op.read_as(Role.TAPE) is None

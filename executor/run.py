@@ -1,0 +1,316 @@
+"""Running a Program: `run()` in one call, or an `Engine` the controller runs in stretches.
+
+A run does `steps` optimizer steps (each `grad_accum` micro-batches of (batch, seq) tokens) by
+repeating the Program's graph (`executor.loop`), from the state it is given (`Start`: weights
+and moments by Hugging Face name, and the steps already done, for a resume), and hands back the
+FP32 weights and moments, the latest losses and the measured Trace of its trace window.
+Periodic checkpoints are taken at step boundaries through `Hooks.on_save`.
+
+The executor decides nothing: the Program (`slide_ir.program`) holds every graph the run's
+passes need and the facts it checks and reports; the controller (`slide.session`) planned it,
+and re-plans between stretches: `Engine.move` is stop-and-resume, in the same process, into the
+engine of another Program.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor import host_adam
+from executor import knobs as knobs_mod
+from executor import setup as setup_mod
+from executor.adam import AdamWConfig
+from executor.loop import DataError, Driver, NonFiniteLossError, OnSave, OnStep, Saver
+from executor.phases import Phases
+from executor.ranks import Ranks
+from executor.recording import StepWindow, default_trace_steps
+from executor.state import ReadState, read_on_main
+from slide_ir.ir.drives import NvmeDirs
+from slide_ir.ir.trace import MemorySample, Trace
+from slide_ir.program import Program
+
+
+class InfeasiblePlanError(RuntimeError):
+    """The plan does not fit the machine (or the real device); the message names the tier."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainResult:
+    final_state: dict[str, torch.Tensor]  # HF names, FP32, CPU (empty: `hand_back=False`)
+    optim_state: dict[str, torch.Tensor]  # `<name>.exp_avg`, `<name>.exp_avg_sq`, FP32, CPU
+    losses: list[float]  # mean token loss of each step done (the last `LOSS_HISTORY`)
+    lrs: list[float]
+    steps_done: int  # < the steps asked for when stopped early (on_step returned True, Ctrl-C)
+    interrupted: bool
+    trace: Trace
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Start:
+    """The state a run starts from: `step` steps already done (a resume), its LR schedule
+    `total_steps` long."""
+
+    weights: Mapping[str, torch.Tensor]
+    moments: Mapping[str, torch.Tensor] | None = None
+    step: int = 0
+    total_steps: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hooks:
+    """Called on the main thread. on_step(step, loss, lr, metrics) after each step; True stops
+    the run after the steps already handed to the lanes (at most one more). on_save(step,
+    read_state) after every step whose global number is a multiple of `save_every`, except the
+    last: the next step is fed only once it returns. on_finish(step, read_state) once after the
+    last step, the engine still up (the caller's final save). Data parallel: pass them on every
+    rank; on_save and on_finish are called on rank 0 (the others serve its reads meanwhile)."""
+
+    on_step: OnStep | None = None
+    on_save: OnSave | None = None
+    save_every: int = 0
+    on_finish: OnSave | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """How to run it. `trace_steps`: the steps (1-based, inclusive, counted in this run) whose
+    spans and memory the trace keeps (None: `recording.default_trace_steps`); every
+    `log_every` steps on_step's metrics add tokens/s and lane busy shares over them;
+    `steady_from`: the first step the summary's tokens/s counts. `hand_back=False` leaves the
+    result's state empty: gathering a model's whole FP32 state into RAM costs seconds and, for
+    state homed on NVMe, the very RAM the NVMe tier saves. `nvme_dir`: drive k's file goes in
+    nvme_dir[k % len] (None: a temporary directory). `ranks`: this process's rank of a
+    data-parallel run (`executor.ranks`): the batches hold the global micro-batches, each rank
+    takes its rows and updates its shard of each unit; only rank 0's result holds the state."""
+
+    device: torch.device
+    dtype: torch.dtype
+    optim: AdamWConfig = field(default_factory=AdamWConfig)
+    nvme_dir: NvmeDirs | None = None
+    trace_steps: tuple[int, int] | None = None
+    log_every: int = 10
+    steady_from: int = 2
+    hand_back: bool = True
+    ranks: Ranks | None = None
+    phases: Phases = field(default_factory=Phases)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What the lanes did over the steady steps so far, for the controller's re-fit."""
+
+    busy: dict[str, float]  # seconds of op time per lane
+    by_kind: dict[str, float]  # the same per op kind
+    steps: set[int]  # the steps they cover
+
+
+class Engine:
+    """A Program's buffers, state and lanes, over which the controller runs the steps."""
+
+    def __init__(
+        self,
+        program: Program,
+        start: Start,
+        batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+        steps: int,
+        hooks: Hooks,
+        options: Options,
+    ) -> None:
+        if options.log_every < 1:
+            raise ValueError(f"log_every must be >= 1, got {options.log_every}")
+        check_device(program, options.device)
+        self.start, self.steps, self.hooks, self.options = start, steps, hooks, options
+        self._closed: setup_mod.Run | None = None
+        # drive k's file in nvme_dir[k % len]; none given: a temporary directory, removed on close
+        self._tmp = None if options.nvme_dir else tempfile.TemporaryDirectory(prefix="slide-nvme-")
+        self.nvme_dir = options.nvme_dir or Path(self._tmp.name)
+        host_adam.prebuild()  # overlaps the set-up below (a fresh host compiles it)
+        try:
+            run = self._build(program, start.weights, start.moments, start.step)
+        except BaseException as exc:
+            if self._tmp is not None:
+                self._tmp.cleanup()
+            _tell_ranks(options.ranks, exc)
+            raise
+        saving = hooks.save_every and (hooks.on_save or options.ranks)
+        window = StepWindow(*(options.trace_steps or default_trace_steps(steps, None)))
+        self.driver = Driver(
+            program,
+            run,
+            iter(batches),
+            steps=steps,
+            start_step=start.step,
+            on_step=hooks.on_step,
+            saver=Saver(hooks.save_every, hooks.on_save) if saving else None,
+            window=window,
+            log_every=options.log_every,
+            steady_from=options.steady_from,
+        )
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        """Release the engine; data parallel: a peer's failure, when one was published, is
+        what stopped this rank (its collectives broke): raise that, else publish this one's."""
+        self.close()
+        if exc is not None:
+            _tell_ranks(self.options.ranks, exc)
+
+    @property
+    def done(self) -> int:
+        return self.driver.progress.done
+
+    @property
+    def stopped(self) -> bool:
+        return self.driver.progress.stop
+
+    def advance(self, until: int) -> None:
+        """Run the steps up to `until` (of this run), or until the run is stopped."""
+        self.options.phases.mark("lanes")
+        self.driver.advance(min(until, self.steps))
+
+    def measured(self) -> Measured:
+        recorder = self.driver.progress.recorder
+        steps = set(range(2, self.done + 1))
+        return Measured(recorder.steady_busy(), recorder.steady_busy_by_kind(), steps)
+
+    def setup_seconds(self) -> float:
+        """This engine's buffers and state set-up: what a move pays about twice over."""
+        seconds = self.options.phases.seconds
+        return seconds.get("buffers", 0.0) + seconds.get("state", 0.0)
+
+    def move(self, program: Program) -> None:
+        """Stop and resume in `program`'s engine: the state moves through host memory."""
+        check_device(program, self.options.device)
+        old = self.driver.run_
+        weights, moments = old.extract()
+        old.close()
+        self._closed = old
+        moved = self._build(program, weights, moments, self.start.step + self.done, Phases())
+        self.driver.move(program, moved)
+
+    def finish(self) -> TrainResult:
+        """The result, after on_finish; the engine is still up until `close`."""
+        driver, phases, opts = self.driver, self.options.phases, self.options
+        pr, run = driver.progress, driver.run_
+        if "first step end" in phases.marks:
+            phases.add("steps", phases.since("first step end"))
+        if host_adam.ready_s is not None:
+            phases.add("host AdamW kernel", host_adam.ready_s, overlapped=True)
+        if self.hooks.on_finish is not None:
+            on_finish, at = self.hooks.on_finish, self.start.step + pr.done
+            read_on_main(run.env, lambda read: on_finish(at, read))
+        weights: dict[str, torch.Tensor] = {}
+        moments: dict[str, torch.Tensor] = {}
+        if opts.hand_back:
+            with phases("hand-back"):
+                weights, moments = run.extract()
+        now = time.perf_counter() - pr.recorder.t0  # the host copy of GPU-kept state counts too
+        pr.memory.add(pr.done, run.memory_sample(now))
+        trace = Trace(
+            spans=pr.recorder.window_spans(),
+            memory=pr.memory.all(),
+            info=driver.trace_info,
+            meta=run.meta(knobs_mod.from_env()),
+        )
+        return TrainResult(
+            final_state=weights,
+            optim_state=moments,
+            losses=pr.losses.values(),
+            lrs=pr.lrs.values(),
+            steps_done=pr.done,
+            interrupted=pr.interrupted,
+            trace=trace,
+            meta=dict(trace.meta) | {"steady": pr.steady.summary()},
+        )
+
+    def close(self) -> None:
+        if self.driver.run_ is not self._closed:  # else a move failed between the engines
+            with self.options.phases("release"):
+                self.driver.run_.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def _build(
+        self,
+        program: Program,
+        weights: Mapping[str, torch.Tensor],
+        moments: Mapping[str, torch.Tensor] | None,
+        step: int,
+        phases: Phases | None = None,
+    ) -> setup_mod.Run:
+        opts = self.options
+        return setup_mod.build(
+            program,
+            device=opts.device,
+            dtype=opts.dtype,
+            optim=opts.optim,
+            step_offset=step,
+            total_steps=self.start.total_steps,
+            nvme_dir=self.nvme_dir,
+            initial_state=weights,
+            initial_optim_state=moments,
+            phases=phases or opts.phases,
+            ranks=opts.ranks,
+        )
+
+
+def run(
+    program: Program,
+    start: Start,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    steps: int,
+    hooks: Hooks,
+    options: Options,
+) -> TrainResult:
+    """`steps` steps of `program` from `start` (see the module docstring)."""
+    with Engine(program, start, batches, steps, hooks, options) as engine:
+        engine.advance(steps)
+        return engine.finish()
+
+
+def check_device(program: Program, device: torch.device) -> None:
+    """The ledger's GPU bytes against the real device, before anything is allocated (the
+    planner checked them against the machine profile)."""
+    if device.type != "cuda":
+        return
+    _, total = torch.cuda.mem_get_info(device)
+    if program.gpu_bytes > total:
+        raise InfeasiblePlanError(
+            f"the plan needs {program.gpu_bytes / 2**30:.2f} GiB of GPU memory; "
+            f"{torch.cuda.get_device_name(device)} has {total / 2**30:.2f} GiB "
+            f"({(program.gpu_bytes - total) / 2**30:.2f} GiB short)"
+        )
+
+
+def _tell_ranks(ranks: Ranks | None, exc: BaseException) -> None:
+    failure = ranks.settle(exc) if ranks is not None else None
+    if failure is not None:
+        raise failure from exc
+
+
+__all__ = [
+    "AdamWConfig",
+    "DataError",
+    "Engine",
+    "Hooks",
+    "InfeasiblePlanError",
+    "MemorySample",
+    "NonFiniteLossError",
+    "OnSave",
+    "OnStep",
+    "Options",
+    "ReadState",
+    "Start",
+    "TrainResult",
+    "run",
+]
