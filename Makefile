@@ -7,7 +7,7 @@ PYTHON ?= python3
 DEMO_VENV := .venv-demo
 TEST_VENV := .venv
 
-.PHONY: demo test clean
+.PHONY: demo test readme-tables clean
 
 # On a machine with an NVIDIA driver the demo also installs the GPU stack, for the real fine-tune.
 $(DEMO_VENV)/.installed: pyproject.toml
@@ -36,6 +36,10 @@ test: $(TEST_VENV)/.installed
 	$(TEST_VENV)/bin/lint-imports
 	$(TEST_VENV)/bin/mypy
 	$(TEST_VENV)/bin/python -m pytest -q
+
+# README.md's Measured table from bench/results.csv (the test suite fails when they differ)
+readme-tables: $(TEST_VENV)/.installed
+	$(TEST_VENV)/bin/python -m bench.results --write-readme
 
 clean:
 	rm -rf $(DEMO_VENV) $(TEST_VENV) out

@@ -22,7 +22,7 @@ import torch
 from executor import adam, compute
 from executor.buffers import OptState
 from executor.env import Env, LaneState
-from slide_ir.ir.graph import Op, OpKind, PoolRole, Value, lane_index
+from slide_ir.ir.graph import Graph, Op, OpKind, PoolRole, Value, lane_index
 
 Handler = Callable[[Env, LaneState, Op], None]
 R = PoolRole
@@ -156,10 +156,6 @@ def all_gather(env: Env, lane: LaneState, op: Op) -> None:
     env.ranks.all_gather(w, env.layouts[op.unit].numel)
 
 
-def unplanned(env: Env, lane: LaneState, op: Op) -> None:
-    raise NotImplementedError(f"op {op.id}: no plan emits {op.kind} yet (the simulator prices it)")
-
-
 HANDLERS: dict[OpKind, Handler] = {
     OpKind.FWD: compute.fwd,
     OpKind.RECOMPUTE: compute.recompute,
@@ -178,9 +174,23 @@ HANDLERS: dict[OpKind, Handler] = {
     OpKind.ACT_LOAD: copy,
     OpKind.NVME_READ: nvme_read,
     OpKind.NVME_WRITE: nvme_write,
-    OpKind.ALL_REDUCE: unplanned,
     OpKind.REDUCE_SCATTER: reduce_scatter,
     OpKind.ALL_GATHER: all_gather,
-    OpKind.ALL_TO_ALL: unplanned,
-    OpKind.SEND_RECV: unplanned,
 }
+
+
+class UnsupportedOpError(ValueError):
+    """A graph holds an op kind this executor has no handler for."""
+
+
+def lower(graph: Graph) -> dict[str, Handler]:
+    """Each op's handler, looked up once, before anything runs: an op kind only the layout
+    planner's cluster graphs hold (tensor- and pipeline-parallel collectives, which the
+    simulator prices) is refused here, naming it, not at its turn in the run."""
+    missing = sorted({op.kind for op in graph.ops} - HANDLERS.keys())
+    if missing:
+        raise UnsupportedOpError(
+            f"the executor runs no {', '.join(missing)} op: the graph is one the simulator "
+            "can time but this executor cannot run (it runs single-GPU and data-parallel plans)"
+        )
+    return {op.id: HANDLERS[op.kind] for op in graph.ops}

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from executor import host_adam
+from executor import handlers, host_adam
 from executor import knobs as knobs_mod
 from executor import setup as setup_mod
 from executor.adam import AdamWConfig
@@ -126,6 +126,8 @@ class Engine:
     ) -> None:
         if options.log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {options.log_every}")
+        for graph in program.passes.values():  # an op it cannot run is refused before set-up
+            handlers.lower(graph)
         check_device(program, options.device)
         self.start, self.steps, self.hooks, self.options = start, steps, hooks, options
         self._closed: setup_mod.Run | None = None

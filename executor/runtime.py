@@ -30,7 +30,7 @@ from executor import knobs as knobs_mod
 from executor.adam import HostScratch
 from executor.completion import Aborted, Completions
 from executor.env import Env, LaneState
-from executor.handlers import HANDLERS
+from executor.handlers import Handler, lower
 from executor.interrupts import DeferredInterrupts
 from executor.recording import Recorder
 from slide_ir.ir.graph import Graph, Op, lane_kind
@@ -53,6 +53,7 @@ class Shared:
 
     env: Env
     graph: Graph
+    handlers: dict[str, Handler]  # op id -> its handler (`handlers.lower`)
     completions: Completions
     recorder: Recorder
     knobs: knobs_mod.Knobs
@@ -130,7 +131,7 @@ class LaneWorker(threading.Thread):
     def _run_op(self, op: Op) -> None:
         s, env = self.shared, self.shared.env
         self._before(op)
-        handler = HANDLERS[op.kind]
+        handler = s.handlers[op.id]
         done = s.completions[op.id]
         timeout = s.knobs.wait_timeout_s
         if not self.on_stream:
@@ -173,6 +174,7 @@ def make_shared(env: Env, graph: Graph, recorder: Recorder) -> Shared:
     return Shared(
         env=env,
         graph=graph,
+        handlers=lower(graph),
         completions=Completions(
             [op.id for op in ops],
             {op.id for op in ops if on_stream(env, op.lane)},

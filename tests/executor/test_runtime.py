@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -16,7 +17,9 @@ from executor.completion import WaitTimeout
 from executor.run import DataError, InfeasiblePlanError, NonFiniteLossError
 from slide.session import train
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
+from slide_ir.ir.graph import Graph
 from slide_ir.ir.trace import trace_violations
+from slide_ir.planning.data_parallel import plan_data_parallel
 
 # Lanes of every kind at once: sliding + resident units, NVMe activations, micro-batches.
 BUSY = {"drives": 2, "activations": "nvme", "grad_accum": 2, "resident": 1, "steps": 4}
@@ -24,8 +27,39 @@ BUSY = {"drives": 2, "activations": "nvme", "grad_accum": 2, "resident": 1, "ste
 STREAMED = {"streamed": 3, "steps": 4, "grad_buffers": 1}
 
 
-def test_handler_table_covers_every_op_kind() -> None:
-    assert set(handlers.HANDLERS) == set(OpKind)
+# one of each plan family the executor runs: their graphs hold every op kind it has a handler for
+FAMILIES = [
+    {**BUSY, "placement": "small"},
+    STREAMED,
+    {"schedule": "zero-offload"},
+    {"schedule": "gpu-only"},
+    {"optimizer": "nvme", "drives": 2, "placement": "small"},
+    {"optimizer": "nvme-moments", "drives": 1},
+]
+
+
+def test_handlers_cover_what_the_plans_emit_and_nothing_more() -> None:
+    emitted = {op.kind for config in FAMILIES for op in graph_of(False, **config).ops}
+    dp = plan_data_parallel(
+        load_model("tiny-llama"),
+        load_machine("h200-16c-128g"),
+        TrainConfig(batch=4, seq=64, steps=2, placement="small"),
+        2,
+    )
+    emitted |= {op.kind for op in dp.graph.ops}
+    assert emitted == set(handlers.HANDLERS)
+
+
+def test_an_op_the_executor_cannot_run_is_refused_before_it_runs() -> None:
+    graph = graph_of(False)
+    op = next(op for op in graph.ops if op.lane == "gpu")
+    alien = Graph.unchecked(
+        info=graph.info,
+        pools=graph.pools,
+        ops=(*graph.ops, dataclasses.replace(op, id="s1.moe.a2a", kind=OpKind.ALL_TO_ALL)),
+    )
+    with pytest.raises(handlers.UnsupportedOpError, match="runs no all_to_all op"):
+        handlers.lower(alien)
 
 
 def test_random_delays_in_every_lane_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
