@@ -91,7 +91,7 @@ def recompute(env: Env, lane: LaneState, op: Op) -> None:
     tape.leaves = _leaves(env.layouts[u].views(unit.w))
     with torch.enable_grad():
         tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, env.rope)
-    lane.tapes[op.writes[0].name] = tape
+    lane.tapes[op.writes[0].name] = tape  # the recompute's one write: the tape
 
 
 def bwd(env: Env, lane: LaneState, op: Op) -> None:
@@ -104,7 +104,9 @@ def bwd(env: Env, lane: LaneState, op: Op) -> None:
         g = env.layouts[0].views(unit.g)["embed.w"]
         layers.embed_backward(ids, grad_out, g, accumulate=True)
         return
-    name = op.reads[1].name
+    kept = op.read_as(Role.TAPE)
+    assert kept is not None, f"{op.id}: a layer's backward reads its tape"
+    name = kept.name
     assert name in lane.tapes, f"{op.id}: no forward or recompute wrote {name}"
     tape = lane.tapes.pop(name)
     assert tape.out is not None and tape.x is not None

@@ -120,8 +120,10 @@ class Ctx:
         """`s1.L3.x` (unit 3's input), `s1.L3.dx` (its gradient), `s1.L3.tape`."""
         return self.oid(step, micro, unit, what)
 
-    def at(self, name: str, slot: str, *, accumulate: bool = False) -> Value | None:
-        return Value(name=name, slot=slot, accumulate=accumulate) if self.values else None
+    def at(
+        self, name: str, slot: str, *, accumulate: bool = False, role: Role = Role.MAIN
+    ) -> Value | None:
+        return at(name, slot, accumulate=accumulate, role=role) if self.values else None
 
     def taken(self, name: str, index: int = 0, role: Role = Role.MAIN) -> Taken | None:
         return Taken(name, index, role=role) if self.values else None
@@ -261,7 +263,7 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             deps=[ctx.weights_ready.get(j), ctx.act_ready.pop(j)],
             acquire=["gpu_workspace"],
             reads=[ctx.weights_read(j), ctx.at(oid(j, "x"), ctx.act_gpu[j])],
-            writes=[ctx.taken(oid(j, "tape"))],
+            writes=[ctx.taken(oid(j, "tape"), role=Role.TAPE)],
         )
         dx_in = ctx.hidden_grad.pop(j + 1)
         (ctx.hidden_grad[j],) = b.emit(
@@ -273,7 +275,7 @@ def backward(ctx: Ctx, step: int, micro: int, before_layer: Hook, after_bwd: Hoo
             work=ctx.layer_work(backward=True),
             acquire=["gpu_hidden_grads"],
             release=[ctx.workspace, ctx.act_gpu.pop(j), dx_in],
-            reads=[ctx.weights_read(j), ctx.at(oid(j, "tape"), ctx.workspace),
+            reads=[ctx.weights_read(j), ctx.at(oid(j, "tape"), ctx.workspace, role=Role.TAPE),
                    ctx.at(oid(j + 1, "dx"), dx_in)],
             writes=[ctx.grads_write(j, micro), ctx.taken(oid(j, "dx"))],
         )  # fmt: skip
@@ -300,7 +302,7 @@ def _taped_backward(ctx: Ctx, step: int, micro: int, j: int) -> None:
         acquire=["gpu_hidden_grads"],
         scratch=["gpu_workspace"],
         release=[tape, dx_in],
-        reads=[ctx.weights_read(j), ctx.at(ctx.hidden(step, micro, j, "tape"), tape),
+        reads=[ctx.weights_read(j), ctx.at(ctx.hidden(step, micro, j, "tape"), tape, role=Role.TAPE),
                ctx.at(ctx.hidden(step, micro, j + 1, "dx"), dx_in)],
         writes=[ctx.grads_write(j, micro), ctx.taken(ctx.hidden(step, micro, j, "dx"))],
     )  # fmt: skip
