@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -21,7 +20,7 @@ from typing import Any
 
 import torch
 
-from executor import host_adam
+from executor import host_adam, leftovers
 from executor import knobs as knobs_mod
 from executor import setup as setup_mod
 from executor.adam import AdamWConfig
@@ -160,7 +159,7 @@ def train(
     total = optim.total_steps or (start_step + config.steps)
     phases = phases or Phases()
     host_adam.prebuild()  # overlaps the set-up below (a fresh host compiles it)
-    with _telling(ranks), tempfile.TemporaryDirectory(prefix="slide-nvme-") as tmp:
+    with _telling(ranks), leftovers.scratch_dir() as tmp:
         run = setup_mod.build(
             p,
             device=dev,
