@@ -16,8 +16,9 @@ Where the file system refuses O_DIRECT (EINVAL on open: tmpfs before Linux 6.6, 
 `open_drive` says so once per directory (a logging warning) and falls back to buffered I/O that
 drops the pages it touched after every transfer (fdatasync, then posix_fadvise DONTNEED).
 
-Invariant: a file is created here only if it did not exist (O_EXCL), so `remove_created`
-deletes nothing that Slide did not write.
+Invariant: a file is created here only if it did not exist (O_EXCL), after its owner marker
+(`leftovers.claim`: a killed run's file is removed by the next), so `remove_created` deletes
+nothing that Slide did not write.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
+
+from executor import leftovers
 
 log = logging.getLogger("executor.nvme")
 
@@ -200,14 +203,17 @@ def _space_message(dirs: Sequence[Path], need: int, free: int) -> str:
 
 
 def create(path: Path, extents: Iterable[tuple[int, int]]) -> None:
-    """Create `path` (it must not exist), sized to the layout, its used extents reserved where
-    the file system can (fallocate: a disk that fills up later cannot fail a write)."""
+    """Create `path` (it must not exist, unless a killed run of Slide's left it), sized to the
+    layout, its used extents reserved where the file system can (fallocate: a disk that fills
+    up later cannot fail a write)."""
+    leftovers.claim(path)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
+        leftovers.marker(path).unlink()  # ours, just made
         raise FileExistsError(
-            f"{path} exists (left by a run that was killed?): Slide removes its NVMe files "
-            "when a run ends and never overwrites a file it did not create; delete it or give "
+            f"{path} exists and Slide did not write it (no {leftovers.marker(path).name} "
+            "beside it): Slide never overwrites a file it did not create; delete it or give "
             "another --nvme-dir"
         ) from None
     try:
@@ -216,7 +222,7 @@ def create(path: Path, extents: Iterable[tuple[int, int]]) -> None:
         for offset, nbytes in spans:
             _reserve(fd, path, offset, nbytes)
     except BaseException:
-        path.unlink(missing_ok=True)  # created just now: ours
+        leftovers.release(path)  # created just now: ours
         raise
     finally:
         os.close(fd)
@@ -279,4 +285,4 @@ def _fallback(fd: int, path: Path, reason: str, refused: dict[Path, str]) -> Buf
 
 def remove_created(paths: Iterable[Path]) -> None:
     for path in paths:
-        path.unlink(missing_ok=True)
+        leftovers.release(path)

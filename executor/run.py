@@ -14,6 +14,7 @@ engine of another Program.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from executor import handlers, host_adam
+from executor import handlers, host_adam, leftovers
 from executor import knobs as knobs_mod
 from executor import setup as setup_mod
 from executor.adam import AdamWConfig
@@ -33,6 +34,7 @@ from executor.ranks import Ranks
 from executor.recording import StepWindow, default_trace_steps
 from executor.state import ReadState, read_on_main
 from slide_ir.ir.drives import NvmeDirs
+from slide_ir.ir.graph import Tier
 from slide_ir.ir.trace import MemorySample, Trace
 from slide_ir.program import Program
 
@@ -131,15 +133,13 @@ class Engine:
         check_device(program, options.device)
         self.start, self.steps, self.hooks, self.options = start, steps, hooks, options
         self._closed: setup_mod.Run | None = None
-        # drive k's file in nvme_dir[k % len]; none given: a temporary directory, removed on close
-        self._tmp = None if options.nvme_dir else tempfile.TemporaryDirectory(prefix="slide-nvme-")
-        self.nvme_dir = options.nvme_dir or Path(self._tmp.name)
+        self._scratch = contextlib.ExitStack()  # holds the scratch directory, if one is made
+        self._scratch_dir: Path | None = None
         host_adam.prebuild()  # overlaps the set-up below (a fresh host compiles it)
         try:
             run = self._build(program, start.weights, start.moments, start.step)
         except BaseException as exc:
-            if self._tmp is not None:
-                self._tmp.cleanup()
+            self._scratch.close()
             _tell_ranks(options.ranks, exc)
             raise
         saving = hooks.save_every and (hooks.on_save or options.ranks)
@@ -239,8 +239,17 @@ class Engine:
         if self.driver.run_ is not self._closed:  # else a move failed between the engines
             with self.options.phases("release"):
                 self.driver.run_.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        self._scratch.close()
+
+    def _drive_dir(self, program: Program) -> NvmeDirs:
+        """Drive k's file goes in nvme_dir[k % len]; none given: a scratch directory, made
+        only for a Program with pools on NVMe and removed on close (`executor.leftovers`: a
+        killed run's is removed by the next)."""
+        if self.options.nvme_dir:
+            return self.options.nvme_dir
+        if self._scratch_dir is None and any(p.tier == Tier.NVME for p in program.graph.pools):
+            self._scratch_dir = self._scratch.enter_context(leftovers.scratch_dir())
+        return self._scratch_dir or Path(tempfile.gettempdir())
 
     def _build(
         self,
@@ -258,7 +267,7 @@ class Engine:
             optim=opts.optim,
             step_offset=step,
             total_steps=self.start.total_steps,
-            nvme_dir=self.nvme_dir,
+            nvme_dir=self._drive_dir(program),
             initial_state=weights,
             initial_optim_state=moments,
             phases=phases or opts.phases,

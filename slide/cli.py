@@ -1,6 +1,9 @@
 """The `slide` command line: one subcommand per module in `slide.commands`.
 
-Each subcommand module has `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
+Each subcommand module has `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`;
+`args.given` holds the destinations the command line set itself (not by default), for commands
+whose values may come from elsewhere when a flag is left out (a checkpoint, a saved plan).
+A mistyped flag is reported with the subcommand's own usage.
 User errors (`UserError`, or the ValueErrors our configs raise) print one line and exit 2:
 no traceback for a mistyped name or a non-positive batch. `StopRun` ends a command early with
 its own line and code (0: nothing to do; 130: interrupted), as does Ctrl-C (130).
@@ -12,7 +15,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from slide.commands import COMMANDS
 from slide.errors import StopRun, UserError
@@ -30,14 +33,32 @@ def build_parser() -> argparse.ArgumentParser:
     for module in COMMANDS:
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(run=module.run)
+        p.set_defaults(run=module.run, add_arguments=module.add_arguments, command_parser=p)
     return parser
+
+
+def given_flags(
+    add_arguments: Callable[[argparse.ArgumentParser], None], argv: Sequence[str]
+) -> frozenset[str]:
+    """The destinations `argv` sets itself. argparse keeps no such record, so `argv` is parsed
+    again by a parser of the same arguments whose every default is SUPPRESS, which leaves a
+    destination nothing set out of the namespace."""
+    bare = argparse.ArgumentParser()
+    add_arguments(bare)
+    for action in bare._actions:
+        action.default = argparse.SUPPRESS
+    bare._defaults.clear()  # set_defaults()'s values
+    return frozenset(vars(bare.parse_args(argv)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a launcher's ranks re-run
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage, not the top level's
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.argv = argv  # what a launcher's ranks re-run
+    args.given = given_flags(args.add_arguments, argv[argv.index(args.command) + 1 :])
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
@@ -56,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"slide {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (UserError, ValueError, FileNotFoundError) as exc:
+    except (UserError, ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"slide {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:

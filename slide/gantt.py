@@ -110,10 +110,7 @@ def plot_gantt(
         + ("" if zoom == "all" else f" (step {zoom})")
     )
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def _draw_lanes(ax: plt.Axes, trace: Trace, lo: float, hi: float, fig: plt.Figure) -> None:
@@ -229,10 +226,7 @@ def plot_sweep(
     ax.legend(loc="upper left", fontsize=7)
     ax.set_title(title)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def _numeric(values: Sequence[object]) -> bool:
@@ -259,7 +253,13 @@ def plot_gantt_pair(predicted: Trace, measured: Trace, path: str | Path) -> Path
     info = measured.info
     fig.suptitle(f"{info.schedule}: {info.model}, batch {info.batch} x seq {info.seq}")
     fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig: plt.Figure, path: str | Path) -> Path:
+    """Write the picture, creating its directory (as the commands' other outputs do)."""
     out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

@@ -12,6 +12,7 @@ from slide_ir.planning.advice import suggest_fixes
 from slide_ir.planning.ledger import REPORT_TIERS, build_ledger
 from slide_ir.planning.placement import PlacementChoice
 from slide_ir.planning.planner import Plan
+from slide_ir.specs.hardware_parts import GIB
 
 GB = 1e9
 
@@ -162,8 +163,8 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
             continue
         pinned = ""
         if tier == "cpu":
-            ram = p.machine.ram_bytes / GB
-            pinned = f" (pinned {led.pinned_bytes() / GB:.1f} GB; usable = {ram:.1f} GB RAM less {c.host_margin:.0%})"
+            ram = p.machine.ram_bytes / GIB  # in --ram-gb's unit
+            pinned = f" (pinned {led.pinned_bytes() / GB:.1f} GB; usable = {ram:.1f} GiB RAM less {c.host_margin:.0%})"
         mark = "ok" if peak <= cap else f"OVER by {(peak - cap) / GB:.1f} GB"
         lines.append(f"{tier.upper():5s} {peak / GB:8.1f} GB of {cap / GB:.1f} GB{pinned}  {mark}")
         for label, size in led.breakdown(tier).items():

@@ -6,11 +6,17 @@ settings and LR-schedule horizon (`total_steps`). A different `--steps` is refus
 cosine or linear LR then jumps to its value at that step of the longer schedule). Every file is
 checked (names, shapes, dtypes, JSON fields) before the model is built, and each problem is
 reported as one line naming the file.
+
+What a run was started with is recorded too (model, data, tokenizer, seed, shuffle, batch shape,
+optimizer, clipping), so a resume takes each value whose flag is left out from the checkpoint
+(`recorded_flags`) instead of from the flag's default, and the checks above meet only the
+values a user typed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,6 +55,24 @@ class Resumed:
     moments: Mapping[str, torch.Tensor]
 
 
+# config fields a resume takes from the checkpoint, by their flag's argparse destination (the
+# placement fields are not among them: a resume may place the same run differently)
+CONFIG_DESTS = {"batch": "batch", "seq": "seq", "grad_accum": "grad_accum", "clip": "clip",
+                "clip_norm": "clip_norm", "moments_dtype": "moments"}  # fmt: skip
+# run inputs recorded beside them, by destination: what --model, --data, --tokenizer and
+# --seed named, and whether --no-shuffle was given
+INPUT_DESTS = {"model_source": "model", "data": "data", "tokenizer": "tokenizer", "seed": "seed"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recorded:
+    """A checkpoint's run as its command line gave it, read without opening any tensor."""
+
+    directory: Path
+    steps_done: int
+    flags: dict[str, object]  # argparse destination -> value; what an older state lacks is absent
+
+
 def state_json(
     *,
     spec: ModelSpec,
@@ -57,8 +81,14 @@ def state_json(
     steps_done: int,
     seed: int,
     data: str | None,
+    model_source: str,
+    tokenizer: str | None,
+    shuffle: bool,
 ) -> str:
+    """`model_source` is what --model named (a catalog name or a directory); paths are stored
+    absolute, so a resume from another directory finds them."""
     recorded = {k: v for k, v in asdict(optim).items() if k != "total_steps"}
+    model_dir = Path(model_source).is_dir()
     state = {
         "version": STATE_VERSION,
         "steps_done": steps_done,
@@ -67,9 +97,37 @@ def state_json(
         "config": asdict(config),
         "optim": recorded,
         "seed": seed,
-        "data": data,
+        "data": _absolute(data),
+        "model_source": _absolute(model_source) if model_dir else model_source,
+        "tokenizer": _absolute(tokenizer),
+        "shuffle": shuffle,
     }
     return json.dumps(state, indent=2)
+
+
+def _absolute(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(path)
+
+
+def recorded_flags(path: str) -> Recorded:
+    """The checkpoint `--resume path` continues, and its run's values by flag destination."""
+    ckpt = find_checkpoint(path)
+    state = _read_state(ckpt / STATE_FILE)
+    config, optim = state["config"], state.get("optim") or {}
+    flags: dict[str, object] = {d: config[k] for k, d in CONFIG_DESTS.items() if k in config}
+    flags |= {d: state[k] for k, d in INPUT_DESTS.items() if k in state}
+    flags |= {_dest(flag): optim[k] for k, flag in OPTIM_FLAGS.items() if k in optim}
+    if "betas" in optim:  # the flag's text form
+        flags["betas"] = ",".join(map(str, optim["betas"]))
+    if "shuffle" in state:
+        flags["no_shuffle"] = not state["shuffle"]
+    if state.get("total_steps"):  # a resume finishes the run's schedule unless --steps says
+        flags["steps"] = state["total_steps"]
+    return Recorded(directory=ckpt, steps_done=state["steps_done"], flags=flags)
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
 
 
 def read_checkpoint(
@@ -95,7 +153,7 @@ def read_checkpoint(
     if steps != horizon and not extend_schedule:
         raise UserError(
             f"--resume {ckpt}: that run's LR schedule ends at step {horizon}, --steps is "
-            f"{steps}: pass --steps {horizon} to finish it, or --extend-schedule to re-plan the "
+            f"{steps}: leave --steps out to finish it, or pass --extend-schedule to re-plan the "
             f"schedule over {steps} steps from step {done}"
         )
     weights, moments = _open_tensors(ckpt, spec)
@@ -140,7 +198,8 @@ def _check_same_run(
     diff = [k for k in SHAPE_FIELDS if state["config"][k] != getattr(config, k)]
     if diff:
         was = ", ".join(f"{k}={state['config'][k]}" for k in diff)
-        raise UserError(f"--resume {ckpt}: the checkpoint was trained with {was}; pass the same")
+        raise UserError(f"--resume {ckpt}: the checkpoint was trained with {was}; leave the "
+                        "flag out to continue with it, or pass the same")  # fmt: skip
     recorded = state.get("optim") or {}
     now = asdict(optim)
     for key, flag in OPTIM_FLAGS.items():
@@ -150,8 +209,9 @@ def _check_same_run(
         ):
             shown = ",".join(map(str, was)) if key == "betas" else was
             raise UserError(
-                f"--resume {ckpt}: the checkpoint was trained with {flag} {shown}; pass the same "
-                f"(got {','.join(map(str, now[key])) if key == 'betas' else now[key]})"
+                f"--resume {ckpt}: the checkpoint was trained with {flag} {shown}; leave {flag} "
+                f"out to continue with it (got "
+                f"{','.join(map(str, now[key])) if key == 'betas' else now[key]})"
             )
 
 

@@ -78,6 +78,7 @@ class Reporter:
         )  # fmt: skip
         self.metrics = None
         if self.req.metrics:
+            Path(self.req.metrics).parent.mkdir(parents=True, exist_ok=True)
             if self.req.resume:
                 keep_metrics_until(Path(self.req.metrics), self.start)
             self.metrics = open(self.req.metrics, "a" if self.req.resume else "w", encoding="utf-8")  # noqa: SIM115

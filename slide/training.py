@@ -79,7 +79,7 @@ class TrainRequest:
     resume: str | None = None
     extend_schedule: bool = False
     metrics: str | None = None
-    plan_file: str | None = None  # a saved plan: its model, machine and config win
+    plan_file: str | None = None  # a saved plan: its model, machine and config (but steps) win
     trace: str | None = None
     # the steps --trace/--gantt/--save-trace show; None: `executor.recording.default_trace_steps`
     trace_steps: tuple[int, int] | None = None
@@ -90,6 +90,9 @@ class TrainRequest:
     # after the first steady steps, re-fit the profile to the measured lanes and move to the
     # placement the search then prefers (CUDA runs planned here, not from a saved plan)
     replan: bool = True
+    # said once (rank 0) when every check has passed, before the weights are touched: what the
+    # run would otherwise do without a word (`slide.commands.train_inputs.notices`)
+    notices: tuple[str, ...] = ()
 
 
 def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any]:
@@ -110,6 +113,8 @@ def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any
         ranks.barrier()
     ready = _prepare(req, phases, ranks.nproc if ranks else 1)
     req, resumed = ready.req, ready.resumed
+    for notice in req.notices:
+        log.warning(notice)
     with phases("weights source"):
         weights = resumed.weights if resumed else _initial(req, ready.the_plan.model)
     with phases("output directory"):
@@ -171,7 +176,11 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
     host_adam.prebuild()  # a fresh host compiles it (7 s on the H200) beside the GPU probes
     with phases("machine"):
         machine = saved.machine if saved else resolve_machine(req, device)
-    req = replace(req, config=saved.config if saved else req.config)
+    # a saved plan fixes the configuration but for the steps (the request's are the plan's
+    # unless --steps said otherwise: `slide.commands.train_inputs`)
+    req = replace(
+        req, config=replace(saved.config, steps=req.config.steps) if saved else req.config
+    )
     optim = AdamWConfig(
         lr=req.lr,
         schedule=req.lr_schedule,
@@ -320,7 +329,8 @@ def _checkpointer(
 ) -> Checkpointer:
     def state_text(step: int) -> str:
         return state_json(spec=spec, config=req.config, optim=optim, steps_done=step,
-                          seed=req.seed, data=req.data)  # fmt: skip
+                          seed=req.seed, data=req.data, model_source=req.model,
+                          tokenizer=req.tokenizer, shuffle=req.shuffle)  # fmt: skip
 
     return Checkpointer(run_dir, StateWriter(spec, state_text, _companions(req)))
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slide.calibration import host_probes
-from slide.calibration.host_probes import GIB, Host
+from slide.calibration.host_probes import Host
 from slide.errors import UserError
 from slide.fileio import write_atomic
 from slide_ir.planning.refit import refit_machine
@@ -39,8 +39,8 @@ from slide_ir.specs.hardware import (
     load_machine_toml,
     machine_to_toml,
     with_drives,
+    with_ram,
 )
-from slide_ir.specs.hardware_parts import freeze_sources
 
 log = logging.getLogger(__name__)
 CPU_MODE_PRESET = "paper-pc-4090"
@@ -73,11 +73,6 @@ def _cpu_mode() -> Machine:
     base = load_machine(CPU_MODE_PRESET)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return replace(base, name="auto (cpu)", gpu=replace(base.gpu, memory_bytes=ram), ram_bytes=ram)
-
-
-def with_ram(machine: Machine, ram_gb: float) -> Machine:
-    sources = freeze_sources(dict(machine.sources) | {"ram_bytes": f"override: ram_gb={ram_gb}"})
-    return replace(machine, ram_bytes=round(ram_gb * GIB), sources=sources)
 
 
 def cache_dir() -> Path:

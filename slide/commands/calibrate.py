@@ -10,6 +10,7 @@ import platform
 from dataclasses import replace
 from pathlib import Path
 
+from slide import preflight
 from slide.errors import UserError
 from slide.fileio import write_atomic
 from slide_ir.specs.hardware import machine_to_toml
@@ -32,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     from slide.calibration import auto_machine, host_probes
 
+    preflight.output_file("--out", args.out, ("toml",))
     if not torch.cuda.is_available():
         raise UserError("calibrate needs a CUDA GPU; none is visible here")
     sizes = replace(host_probes.CALIBRATE, model=args.model)

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from slide import preflight
 from slide.errors import UserError
 from slide_ir.specs.config import (
     ACTIVATION_CHOICES,
@@ -23,6 +24,10 @@ from slide_ir.specs.model import ModelSpec, load_model
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_MACHINE = "paper-pc-4090"
+RAM_GB_HELP = (
+    "override the machine's DRAM, in GiB (2^30 bytes, as DIMMs and `free -g` count it; the "
+    "plan prints it in GiB too)"
+)
 
 
 def add_model_machine(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +46,7 @@ def add_model_machine(parser: argparse.ArgumentParser) -> None:
 
 
 def add_machine_overrides(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ram-gb", type=float, help="override the machine's usable DRAM (GB)")
+    parser.add_argument("--ram-gb", type=float, help=RAM_GB_HELP)
     parser.add_argument("--nvme", type=int, help="override the number of NVMe drives")
     parser.add_argument(
         "--nvme-dir",
@@ -210,4 +215,6 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "reduce_bucket": int(args.reduce_bucket),
     }
     fields.update(override)
-    return TrainConfig(**fields)  # type: ignore[arg-type]
+    config = TrainConfig(**fields)  # type: ignore[arg-type]
+    preflight.schedule_options(config)
+    return config

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from slide import preflight
 from slide.errors import UserError
 from slide_ir.ir.trace import Trace, trace_metrics
 
@@ -23,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    preflight.image_file("--gantt", args.gantt)
     predicted, measured = _load(args.predicted), _load(args.measured)
     p, m = trace_metrics(predicted), trace_metrics(measured)
     print(f"{'':16s} {'predicted':>12s} {'measured':>12s} {'error':>8s}")

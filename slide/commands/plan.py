@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from slide import preflight
 from slide.commands.common import (
     add_model_machine,
     add_train_config,
@@ -51,6 +52,7 @@ def add_nproc(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    preflight.output_file("--out", args.out)
     if args.nproc != 1:
         return _run_data_parallel(args)
     model, machine = load_inputs(args)

@@ -11,6 +11,7 @@ import json
 
 from simulator.data_parallel import DataParallelResult, simulate_data_parallel
 from simulator.run import SimResult, simulate_plan
+from slide import preflight
 from slide.commands.common import add_model_machine, add_train_config, load_inputs, train_config
 from slide.commands.plan import add_nproc
 from slide.fileio import write_atomic
@@ -45,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    preflight.output_file("--trace", args.trace)
+    preflight.output_file("--save-trace", args.save_trace)
+    preflight.image_file("--gantt", args.gantt)
     model, machine = load_inputs(args)
     zoom = _zoom(args.gantt_zoom)
     result: SimResult | DataParallelResult

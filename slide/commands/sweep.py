@@ -20,7 +20,14 @@ from typing import Any
 from tqdm import tqdm
 
 from simulator.run import simulate_plan
-from slide.commands.common import DEFAULT_MACHINE, DEFAULT_MODEL, add_train_config, train_config
+from slide import preflight
+from slide.commands.common import (
+    DEFAULT_MACHINE,
+    DEFAULT_MODEL,
+    RAM_GB_HELP,
+    add_train_config,
+    train_config,
+)
 from slide_ir.specs.config import SCHEDULES, TrainConfig
 from slide_ir.specs.hardware import Machine, load_machine
 from slide_ir.specs.model import ModelSpec, load_model
@@ -35,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", default=DEFAULT_MODEL, help=f"comma list of models [{DEFAULT_MODEL}]"
     )
     parser.add_argument("--machine", default=DEFAULT_MACHINE, help=f"machine [{DEFAULT_MACHINE}]")
-    parser.add_argument("--ram-gb", type=float, help="override the machine's usable DRAM (GB)")
+    parser.add_argument("--ram-gb", type=float, help=RAM_GB_HELP)
     parser.add_argument("--nvme", help="comma list of NVMe drive counts (overrides the machine)")
     parser.add_argument("--batch", default="1,2,4,8,16,32,64", help="comma list [1,2,4,8,16,32,64]")
     add_train_config(parser, batch=False)
@@ -95,6 +102,7 @@ def _axes(args: argparse.Namespace) -> dict[str, list[Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    preflight.image_file("--plot", args.plot)
     axes = _axes(args)
     models = {m: load_model(m) for m in axes["model"]}
     machines = {

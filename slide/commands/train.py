@@ -19,6 +19,8 @@ import signal
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING
 
+from slide import preflight
+from slide.commands import train_inputs
 from slide.commands.common import (
     add_machine_overrides,
     add_train_config,
@@ -131,8 +133,10 @@ def run(args: argparse.Namespace) -> int:
     from slide import launch
     from slide.training import check_training, device_of  # torch only when training
 
-    request = _request(args)
+    resolved = train_inputs.resolve(args)
+    preflight.check_train(args, resolved)
     world = launch.torchrun_world()
+    request = _request(args, train_inputs.notices(args, resolved))
     if world is None and args.nproc not in (None, 1):
         # nothing starts before the request is checked; on CUDA the check may measure the GPU
         # (--machine auto), so it runs in a process of its own whose CUDA context ends with it
@@ -189,7 +193,7 @@ def _train(args: argparse.Namespace, request: TrainRequest, ranks: Ranks | None)
     return 0
 
 
-def _request(args: argparse.Namespace) -> TrainRequest:
+def _request(args: argparse.Namespace, notices: list[str]) -> TrainRequest:
     from slide.training import TrainRequest
 
     return TrainRequest(
@@ -221,12 +225,13 @@ def _request(args: argparse.Namespace) -> TrainRequest:
         nvme_dirs=nvme_dirs(args),
         metrics=args.metrics,
         trace=args.trace,
-        trace_steps=_step_range(args.trace_steps) if args.trace_steps else None,
+        trace_steps=preflight.step_range(args.trace_steps) if args.trace_steps else None,
         log_every=args.log_every,
         gantt=args.gantt,
         save_trace=args.save_trace,
         progress=not args.no_progress,
         replan=not args.no_replan,
+        notices=tuple(notices),
     )
 
 
@@ -236,16 +241,6 @@ def _betas(text: str) -> tuple[float, float]:
     except ValueError:
         raise UserError(f"--betas must be two numbers like 0.9,0.999, got {text!r}") from None
     return b1, b2
-
-
-def _step_range(text: str) -> tuple[int, int]:
-    try:
-        first, last = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise UserError(f"--trace-steps must be A:B like 1:4, got {text!r}") from None
-    if not 1 <= first <= last:
-        raise UserError(f"--trace-steps must be A:B with 1 <= A <= B, got {text!r}")
-    return first, last
 
 
 def _exiting() -> None:

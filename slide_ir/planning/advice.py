@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from slide_ir.planning.ledger import Ledger, build_ledger
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine, with_drives
+from slide_ir.specs.hardware_parts import GIB
 from slide_ir.specs.model import ModelSpec
 
 GB = 1e9
@@ -42,8 +44,9 @@ def suggest_fixes(
                 moved = replace(config, **{field: "nvme"})  # type: ignore[arg-type]
                 if _fits(model, trial, moved, "cpu"):
                     out.append(f"move {field} state to NVMe (--{field} nvme{extra})")
-        need = (ledger.peak_bytes("cpu") + 1) / GB
-        out.append(f"more host RAM: at least {need:.0f} GB (--ram-gb {need:.0f})")
+        # the RAM whose usable share holds the peak, in GiB as --ram-gb takes it
+        ram = math.ceil(ledger.peak_bytes("cpu") / (1.0 - config.host_margin) / GIB)
+        out.append(f"more host RAM: at least {ram} GiB (--ram-gb {ram})")
     if "nvme" in over:
         out.append(f"more NVMe capacity: {ledger.peak_bytes('nvme') / GB:.0f} GB needed (--nvme N)")
     return out

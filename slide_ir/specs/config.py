@@ -56,14 +56,15 @@ class Clip(StrEnum):
     PER_UNIT = "per-unit"
 
 
-# the choices as strings, for command-line parsers (a StrEnum member is its string)
-SCHEDULES = tuple(Schedule)
-ACTIVATION_PLACES = (Activations.GPU, Activations.CPU, Activations.NVME)
-ACTIVATION_CHOICES = tuple(Activations)
-OPTIMIZER_PLACES = tuple(OptimizerHome)
-MOMENT_DTYPES = tuple(MomentsDtype)
-PLACEMENTS = tuple(PlacementMode)
-CLIP_MODES = tuple(Clip)
+# the choices as plain strings, for command-line parsers (whose error messages show a choice's
+# repr: a StrEnum member's is `<Clip.NONE: 'none'>`)
+SCHEDULES = tuple(map(str, Schedule))
+ACTIVATION_PLACES = tuple(map(str, (Activations.GPU, Activations.CPU, Activations.NVME)))
+ACTIVATION_CHOICES = tuple(map(str, Activations))
+OPTIMIZER_PLACES = tuple(map(str, OptimizerHome))
+MOMENT_DTYPES = tuple(map(str, MomentsDtype))
+PLACEMENTS = tuple(map(str, PlacementMode))
+CLIP_MODES = tuple(map(str, Clip))
 DEFAULT_CACHE_UNITS = 3
 # the string choices of TrainConfig, turned into their StrEnum on construction
 _ENUMS = {"schedule": Schedule, "activations": Activations, "optimizer": OptimizerHome,

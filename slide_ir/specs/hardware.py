@@ -270,6 +270,22 @@ def load_gpu(name: str) -> tuple[Gpu, dict[str, str]]:
     return part, sources
 
 
+def with_ram(machine: Machine, ram_gb: float) -> Machine:
+    """The machine with `ram_gb` GiB of usable DRAM (the `--ram-gb` override)."""
+    sources = _freeze(dict(machine.sources) | {"ram_bytes": f"override: ram_gb={ram_gb}"})
+    return replace(machine, ram_bytes=ram_bytes(ram_gb), sources=sources)
+
+
+def ram_bytes(ram_gb: float) -> int:
+    """`ram_gb` GiB in bytes, refused (ValueError) unless a finite number > 0."""
+    finite = (
+        isinstance(ram_gb, int | float) and not isinstance(ram_gb, bool) and math.isfinite(ram_gb)
+    )
+    if not finite or not ram_gb > 0:
+        raise ValueError(f"ram_gb must be a finite number of GiB > 0, got {ram_gb!r}")
+    return round(ram_gb * GIB)
+
+
 def with_drives(machine: Machine, count: int | None = None, model: str | None = None) -> Machine:
     """The machine with `count` drives (default: as many as it has, at least one), each of catalog
     drive `model`, or else the machine's own model, or else a PCIe 4.0 default."""
@@ -307,10 +323,7 @@ def load_machine(
         raise _unknown("machine", name_or_path, machine_names())
     machine = _machine(_read_toml(path), str(path), path.stem)
     if ram_gb is not None:
-        if isinstance(ram_gb, bool) or not isinstance(ram_gb, int | float) or not ram_gb > 0:
-            raise ValueError(f"ram_gb must be a number > 0, got {ram_gb!r}")
-        sources = _freeze(dict(machine.sources) | {"ram_bytes": f"override: ram_gb={ram_gb}"})
-        machine = replace(machine, ram_bytes=round(ram_gb * GIB), sources=sources)
+        machine = with_ram(machine, ram_gb)
     if nvme is not None or nvme_model is not None:
         machine = with_drives(machine, nvme, nvme_model)
     return machine

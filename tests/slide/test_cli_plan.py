@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -341,3 +342,15 @@ def test_plan_names_each_drive_file_and_its_bytes(capsys, tmp_path):
     nvme_total = next(line.split()[1] for line in out.splitlines() if line.startswith("NVME"))
     assert abs(sum(float(f[1]) for f in files) - float(nvme_total)) <= 0.02
     assert "no GPUDirect Storage" in out
+
+
+def test_ram_gb_is_read_and_printed_in_gib(capsys):
+    """--ram-gb 64 is 64 GiB, printed as such, and the --ram-gb an infeasible plan suggests
+    makes it fit (it was a GB figure typed into a GiB flag, and forgot the host margin)."""
+    assert main(["plan", "--ram-gb", "64"]) == 1
+    out = capsys.readouterr().out
+    assert "usable = 64.0 GiB RAM less 5%" in out
+    suggested = re.search(r"more host RAM: at least (\d+) GiB \(--ram-gb (\d+)\)", out)
+    assert suggested and suggested[1] == suggested[2]
+    assert main(["plan", "--ram-gb", suggested[2]]) == 0
+    assert "usable = " + f"{float(suggested[2]):.1f} GiB" in capsys.readouterr().out

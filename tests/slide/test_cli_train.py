@@ -97,7 +97,7 @@ def test_resume_with_another_batch_is_refused(tmp_path, tokens, capsys):
     code, _, err = train(
         capsys, "--data", tokens, "--steps", "2", "--resume", str(tmp_path / "c"), "--batch", "4"
     )
-    assert code == 2 and "trained with batch=2; pass the same" in err
+    assert code == 2 and "trained with batch=2; leave the flag out" in err
 
 
 def test_float_token_file_is_refused_before_training(tmp_path, capsys):
