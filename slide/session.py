@@ -26,8 +26,9 @@ from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.recording import default_trace_steps
 from executor.run import Engine, Hooks, InfeasiblePlanError, Options, Start, TrainResult
+from slide.errors import UserError
 from slide_ir.planning import refit
-from slide_ir.planning.data_parallel import check_nproc, shard_plan
+from slide_ir.planning.data_parallel import check_nproc, plan_data_parallel, shard_plan
 from slide_ir.planning.planner import Plan, plan
 from slide_ir.planning.programs import graph_config, pass_plan, program
 from slide_ir.program import Program
@@ -137,6 +138,29 @@ def _device(
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev, dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+
+def plan_run(
+    saved: Plan | None, spec: ModelSpec, machine: Machine, config: TrainConfig, nproc: int
+) -> Plan:
+    """The plan `slide train` runs: a saved one, or the planner's; with `nproc` ranks, one
+    rank's (at batch / nproc, its state sharded when the Program is made), checked to fit N
+    ranks."""
+    if nproc == 1:
+        return (
+            pass_plan(saved, _graph_steps(config))
+            if saved
+            else plan(spec, machine, graph_config(config))
+        )
+    if saved:
+        raise UserError("--plan runs a single-GPU plan: drop --plan, or --nproc")
+    dp = plan_data_parallel(spec, machine, graph_config(config), nproc)
+    for tier, short in dp.overflows():
+        where = "each rank's GPU" if tier == "gpu" else f"the host's {tier}"
+        raise UserError(f"{nproc} ranks do not fit {machine.name}: {where} needs "
+                        f"{short / 2**30:.2f} GiB more than its "
+                        f"{dp.capacity_bytes(tier) / 2**30:.2f} GiB")  # fmt: skip
+    return dp.base
 
 
 def _plan(spec: ModelSpec, machine: Machine, config: TrainConfig, ranks: Ranks | None) -> Plan:

@@ -36,13 +36,11 @@ from slide.data import TokenStream, batches, load_token_stream
 from slide.errors import StopRun, UserError
 from slide.resume import Resumed, read_checkpoint, state_json
 from slide.saving import Checkpointer, StateWriter
-from slide.session import check_feasible, train
+from slide.session import check_feasible, plan_run, train
 from slide.tokenizer import CORPUS, build_tiny_tokenizer, tokenizer_files
 from slide.train_report import Reporter, finish, phase_summary, prediction_warning
 from slide.weights import initial_weights
-from slide_ir.planning.data_parallel import plan_data_parallel
-from slide_ir.planning.planner import Plan, plan, plan_from_json
-from slide_ir.planning.programs import graph_config, pass_plan
+from slide_ir.planning.planner import Plan, plan_from_json
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec, load_model
@@ -120,7 +118,7 @@ def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any
     with phases("output directory"):
         run_dir = _open_out(req, resumed)
     replan = req.replan and ranks is None and ready.saved is None and ready.device.type == "cuda"
-    request = graph_config(ready.remaining) if replan else None
+    request = ready.remaining if replan else None
     try:
         return _run(req, ready.the_plan, ready.optim, ready.data, weights, resumed, run_dir,
                     phases, request, ranks)  # fmt: skip
@@ -200,9 +198,9 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
     optim = replace(optim, total_steps=resumed.total_steps if resumed else req.config.steps)
     remaining = replace(req.config, steps=req.config.steps - start)
     with phases("plan"):
-        the_plan = _plan(saved, spec, machine, remaining, nproc)
+        the_plan = plan_run(saved, spec, machine, remaining, nproc)
         try:
-            if nproc == 1:  # N ranks: checked sharded (`_plan`), and again by each rank
+            if nproc == 1:  # N ranks: checked sharded (`plan_run`), and again by each rank
                 check_feasible(the_plan, device)
         except InfeasiblePlanError as exc:
             raise UserError(str(exc)) from None
@@ -210,28 +208,6 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
         data = _data(req, spec, start)
     return _Ready(req=req, device=device, saved=saved, optim=optim, resumed=resumed,
                   remaining=remaining, the_plan=the_plan, data=data)  # fmt: skip
-
-
-def _plan(
-    saved: Plan | None, spec: ModelSpec, machine: Machine, config: TrainConfig, nproc: int
-) -> Plan:
-    """The plan to run: a saved one, or planned here; with `nproc` ranks, one rank's (at
-    batch / nproc, its state sharded when the executor runs it), checked to fit N ranks."""
-    if nproc == 1:
-        return (
-            pass_plan(saved, graph_config(config).steps)
-            if saved
-            else plan(spec, machine, graph_config(config))
-        )
-    if saved:
-        raise UserError("--plan runs a single-GPU plan: drop --plan, or --nproc")
-    dp = plan_data_parallel(spec, machine, graph_config(config), nproc)
-    for tier, short in dp.overflows():
-        where = "each rank's GPU" if tier == "gpu" else f"the host's {tier}"
-        raise UserError(f"{nproc} ranks do not fit {machine.name}: {where} needs "
-                        f"{short / 2**30:.2f} GiB more than its "
-                        f"{dp.capacity_bytes(tier) / 2**30:.2f} GiB")  # fmt: skip
-    return dp.base
 
 
 def _open_out(req: TrainRequest, resumed: Resumed | None) -> RunDir | None:
