@@ -6,7 +6,7 @@
   per point;
 - `compare`: machines ranked by throughput, and per dollar where the profile has a price.
 
-Capacity (what fits at all) lives in `simulator.capacity`. Every point is planned by the same
+Capacity (what fits at all) lives in `slide_ir.planning.capacity`. Every point is planned by the same
 planner and priced by the same cost model: no analysis has a formula of its own.
 """
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.analyses import batch_sweep, compare, critical_batch, model_sweep, schedule_sweep
-from simulator.capacity import capacity
 from simulator.run import SimResult, simulate_plan
+from slide_ir.planning.capacity import capacity
 from slide_ir.planning.planner import Plan
 from slide_ir.planning.planner import plan as _plan
 from slide_ir.specs.config import TrainConfig

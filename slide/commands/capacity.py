@@ -7,8 +7,8 @@ import argparse
 import json
 from typing import Any
 
-from simulator.capacity import capacity, placements
 from slide.commands.common import DEFAULT_MACHINE, add_machine_overrides, drive_count
+from slide_ir.planning.capacity import capacity, placements
 from slide_ir.specs.config import ACTIVATION_PLACES, OPTIMIZER_PLACES, TrainConfig
 from slide_ir.specs.hardware import load_machine
 
