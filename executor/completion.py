@@ -18,7 +18,7 @@ new lock per blocked wait to a deque of waiters, and CPython's deque moves along
 block as waiters come and go; an op that two threads wait on at once (a lane and the main
 thread) now and then crosses the block's end and takes a second 528-byte block, which the deque
 keeps. Over the first thousands of steps, that was host memory growing by a block per op of
-the graph (issue 14: ~30 B/step on tiny-llama, 1,757 ops). A lock wait allocates nothing.
+the graph (~30 B/step on tiny-llama, 1,757 ops). A lock wait allocates nothing.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Completions:
 def _create_cuda_events(completions: Iterable[Completion]) -> None:
     """torch makes a CUDA event's driver object on its first record, not when the Python
     object is made; recording every event once here, on a stream of its own, keeps that host
-    allocation out of the steady state (issue 14: RSS rose 1.3 MB at the start of a 3B run's
+    allocation out of the steady state (RSS rose 1.3 MB at the start of a 3B run's
     last pass, the first run of that pass's graph). A recorded event that is waited on or
     queried before the op records it again reads as done, as a never-recorded one does."""
     stream = torch.cuda.Stream()

@@ -6,8 +6,7 @@ goes onto the free list for its length, from which no later backward takes it. E
 adds one tuple to a list until the list holds CPython's cap, 2,000 (lengths 1-19 in the default
 build of CPython 3.11-3.13, one set of lists per interpreter). With one loss backward per step,
 its 3-item list fills last: tiny-llama on CPU grew 340-372 kB in 4 kB pages over steps 200-3,000,
-and 32-56 kB over steps 200-2,000 with the lists filled after step 1 (issue 14; bench/RESULTS.md,
-session 12).
+and 32-56 kB over steps 200-2,000 with the lists filled after step 1 (bench/RESULTS.md).
 
 Filling them before step 1 does not last: the first step keeps thousands of tuples for good
 (torch's and the lanes' one-time objects), and the set-up's objects call for a full collection,

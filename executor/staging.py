@@ -3,7 +3,7 @@
 A fixed ring of slots, allocated with the engine (pinned on CUDA), instead of a
 `Tensor.pin_memory()` per micro-batch: those took blocks from torch's caching host allocator
 every step, a block staying taken until its copy had run, so a slow step could grow that pool
-for good (the design's rule: the steady state allocates nothing; issue 14).
+for good (the design's rule: the steady state allocates nothing).
 
 Invariant: the driver feeds at most one step ahead of the step it waits for, and waits for a
 step's ops (device work included) before reporting it, so with two steps' micro-batches of

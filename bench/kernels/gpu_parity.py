@@ -1,4 +1,4 @@
-"""BF16 training on CUDA against plain PyTorch, within BF16 noise (issue 5's GPU correctness).
+"""BF16 training on CUDA against plain PyTorch, within BF16 noise (the GPU's correctness).
 
 A random-init model is trained for N steps three ways on the same batches: an FP32 gold run
 (transformers + torch AdamW, all FP32 on the GPU), the usual BF16 mixed-precision loop (BF16

@@ -1,6 +1,6 @@
 """How fast the simulator answers what-ifs: plan + simulate one run, and a 100-point sweep.
 
-Targets (issue 3): mistral-large-2 (88 layers), 3 steps, plan + simulate in under 1 s; a
+Targets: mistral-large-2 (88 layers), 3 steps, plan + simulate in under 1 s; a
 100-point sweep in under 30 s on a 2-core machine. Prints one line per figure; record them in
 bench/RESULTS.md ("## Simulator speed") with the date and machine.
 

@@ -141,7 +141,7 @@ class CostModel:
         """The host's time to issue `op`'s kernels (0 where the profile has none): a decoder
         layer's forward, recompute or backward (the ops that run attention) and the loss. At
         small shapes it, not the rates, sets the op's time: a tiny-llama layer runs in ~10 us of
-        GPU time but takes ~1 ms to issue (bench/RESULTS.md, session 14)."""
+        GPU time but takes ~1 ms to issue (bench/RESULTS.md)."""
         field = _FLOOR_OF.get(op.kind)
         if field is None or (op.kind != OpKind.LOSS and not op.work.attn_flops):
             return 0.0  # the embedding's and the head's other ops: a kernel or two

@@ -30,7 +30,7 @@ MIN_GAIN = 0.03  # re-plan when the new choice is predicted this much faster (sh
 FACTOR_RANGE = (0.1, 10.0)  # a lane measured outside this is a fault, not a rate: left alone
 # A lane whose predicted time is at least this share fixed cost (launches, dispatch floors) says
 # nothing about its rates: batch 1 x seq 128 of llama-3.2-1b measured its GPU lane at 3.3x the
-# rates' time, which would have cut the cached profile's GPU rates 3.3-fold (session 14).
+# rates' time, which would have cut the cached profile's GPU rates 3.3-fold.
 MAX_FIXED_SHARE = 0.5
 P = TypeVar("P")
 

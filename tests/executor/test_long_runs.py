@@ -105,7 +105,7 @@ def test_soak_2000_steps_memory_is_flat():
     warm, end = got["warm"], got["end"]
     assert got["steps_done"] == 2000
     assert warm["threads"] == end["threads"]  # the lane threads live through the 32 repetitions
-    # issue 14 asks for 1% or 2 MB; the run does better: CPython's tuple free lists, which
+    # the bound asked is 1% or 2 MB; the run does better: CPython's tuple free lists, which
     # torch's backward fills by a tuple per call (352 kB over these steps without the fill),
     # are filled after step 1 (executor/free_lists.py); 32 kB remain (allocator tops)
     assert end["rss"] - warm["rss"] <= 160 << 10, (warm, end)
@@ -117,7 +117,7 @@ def test_soak_2000_steps_memory_is_flat():
 def test_completions_hold_no_more_memory_as_the_graph_repeats():
     """Two threads wait on each op, one or both of them blocked at once as in a run (a lane and
     the main thread), over 40 repetitions: the completions' memory is what it was after two.
-    Issue 14: with a `threading.Event` per op, CPython's deque of the Event's waiters drifts by
+    With a `threading.Event` per op, CPython's deque of the Event's waiters drifts by
     one slot per blocked wait, and an op waited on by two threads at once in ~20 repetitions
     took a 528-byte block its deque kept (+30 B/step on tiny-llama, for 3,000+ steps)."""
     ops = [f"op{i}" for i in range(32)]

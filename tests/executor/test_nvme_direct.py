@@ -1,4 +1,4 @@
-"""The NVMe files without the page cache (issue 18): O_DIRECT alignment, short transfers, a full
+"""The NVMe files without the page cache: O_DIRECT alignment, short transfers, a full
 disk, nothing left behind, the buffered fallback, and runs that equal the RAM run bit for bit
 with none of their state in the page cache."""
 

@@ -139,7 +139,7 @@ def test_chunk_size_follows_the_memory_budget():
 
 
 def test_default_chunk_meets_the_memory_target_at_8192_tokens():
-    """Issue 4's target: peak extra <= 12% of eager's (T x V x 12 B) at T = 8192, Llama 3 head."""
+    """The target: peak extra <= 12% of eager's (T x V x 12 B) at T = 8192, Llama 3 head."""
     n_tokens, hidden, vocab = 8192, 4096, 128256
     chunk = lce_chunk_size(n_tokens, vocab)
     # returned bf16 d(weight) and d(hidden), one chunk of bf16 logits, fp32 per-token losses
@@ -230,7 +230,7 @@ def test_lce_uses_the_fp32_addmm_fast_path():
 @pytest.mark.parametrize("n_tokens", [8192, 32768])
 def test_lce_peak_memory_stays_within_budget(n_tokens):
     """Peak extra = bf16 d(weight) + one chunk of bf16 logits + d(hidden) + losses, and <= 12% of
-    eager's from T = 8192 on (issue 4's target)."""
+    eager's from T = 8192 on (the target)."""
     hidden, vocab = 4096, 128256
     h = torch.randn(n_tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)

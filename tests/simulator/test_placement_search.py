@@ -1,7 +1,7 @@
 """The default placement, judged by the simulator: never slower than any placement the search
 considered, and never slower than the default before the search (no resident units, streamed
 ones by the closed-form estimate, inputs on the GPU only when they stream) on any catalog
-machine preset and model at batch 4-64 (issue 15)."""
+machine preset and model at batch 4-64."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def simulated_step_s(p: Plan) -> float:
 
 
 def previous_default(model, machine, config: TrainConfig) -> TrainConfig:
-    """The default before issue 15, written out: no resident units, 3 cache units, streamed
+    """The default before the placement search, written out: no resident units, 3 cache units, streamed
     units by the estimate, the inputs on the GPU when it streams with them there and fits."""
     base = replace(config, resident=0, cache_units=3, streamed="auto")
     on_gpu = replace(base, activations="gpu")

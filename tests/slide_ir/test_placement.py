@@ -71,7 +71,7 @@ def test_the_choice_is_the_fastest_candidate_considered_and_fits(machine, model,
 
 
 def test_the_search_finds_what_the_issue_asks_for_on_the_h200(h200):
-    """Issue 15's H200 figures at seq 1024, by prediction: 3B batch 16 >= 21,000 tokens/s and
+    """The H200 figures asked of the default placement at seq 1024, by prediction: 3B batch 16 >= 21,000 tokens/s and
     8B >= 9,600, each faster than the plan without resident units."""
     for model, floor in (("llama-3.2-3b", 21_000), ("llama-3.1-8b", 9_600)):
         p = plan(load_model(model), h200, TrainConfig(batch=16, seq=1024))
@@ -296,7 +296,7 @@ def test_the_resolved_config_re_plans_to_the_same_plan(h200):
 
 
 def test_planning_stays_interactive(h200):
-    """Issue 15: plan + simulate well under a second (the search is most of it)."""
+    """Plan + simulate well under a second (the search is most of it)."""
     model = load_model("llama-3.1-8b")
     start = time.perf_counter()
     plan(model, h200, TrainConfig(batch=16, seq=1024))
