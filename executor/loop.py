@@ -63,7 +63,7 @@ class Saver:
     def due(self, global_step: int) -> bool:
         return global_step % self.every == 0
 
-    def save(self, global_step: int, run: setup_mod.Run) -> None:
+    def save(self, global_step: int, run: setup_mod.Built) -> None:
         """On rank 0 of a data-parallel run; the other ranks serve its reads meanwhile."""
         if run.env.cuda:
             torch.cuda.synchronize(run.env.device)
@@ -117,7 +117,7 @@ class Driver:
     def __init__(
         self,
         program: Program,
-        run: setup_mod.Run,
+        run: setup_mod.Built,
         it: Batches,
         *,
         steps: int,
@@ -128,7 +128,7 @@ class Driver:
         log_every: int,
         steady_from: int = 2,
     ) -> None:
-        self.program, self.run_, self.it, self.steps = program, run, it, steps
+        self.program, self.built, self.it, self.steps = program, run, it, steps
         self.start_step, self.on_step, self.saver = start_step, on_step, saver
         self.interrupts = DeferredInterrupts()
         recorder = Recorder(run.env.cuda, window)
@@ -151,14 +151,14 @@ class Driver:
         with self.interrupts:
             return self._passes(until)
 
-    def move(self, program: Program, run: setup_mod.Run) -> None:
+    def move(self, program: Program, run: setup_mod.Built) -> None:
         """Go on in another engine, built for `program` from the state this one left."""
-        self.program, self.run_ = program, run
+        self.program, self.built = program, run
         if self.progress.done < self.window.first:
             self.trace_info = program.info
 
     def _passes(self, until: int) -> Progress:
-        pr, env = self.progress, self.run_.env
+        pr, env = self.progress, self.built.env
         threads = self.program.cpu_threads if env.cuda else None
         lanes = Lanes(env, self.program.graph.lanes(), threads)
         shared: Shared | None = None
@@ -174,7 +174,7 @@ class Driver:
                     break
                 global_step = self.start_step + pr.done
                 if self.saver and pr.done < self.steps and self.saver.due(global_step):
-                    self.saver.save(global_step, self.run_)
+                    self.saver.save(global_step, self.built)
         except BaseException as exc:
             if env.ranks is not None:  # tell the other ranks first: they may be waiting on us
                 env.ranks.settle(shared.error[0] if shared is not None and shared.error else exc)
@@ -199,7 +199,7 @@ class Driver:
 
     def _repeat(self, lanes: Lanes, shared: Shared, n: int) -> bool:
         """One pass over the graph; False when the run stopped inside it."""
-        env, pr = self.run_.env, self.progress
+        env, pr = self.built.env, self.progress
         env.step_offset = self.start_step + pr.done
         env.loss_dev.zero_()
         pr.recorder.offset = pr.done
@@ -225,7 +225,7 @@ class _Repetition:
 
     def feed(self) -> None:
         self.fed += 1
-        env, info = self.d.run_.env, self.d.program.info
+        env, info = self.d.built.env, self.d.program.info
         for mb in micro_batches(self.d.it, self.fed, info, self.base, env.staging, env.ranks):
             env.batches.put(mb)
 
@@ -247,7 +247,7 @@ class _Repetition:
                 return
             if self.saving(step):
                 assert self.d.saver is not None
-                self.d.saver.save(self.base + step, self.d.run_)
+                self.d.saver.save(self.base + step, self.d.built)
                 self.feed()
 
     def saving(self, step: int) -> bool:
@@ -259,7 +259,7 @@ class _Repetition:
 
     def report(self, step: int) -> None:
         d, pr = self.d, self.d.progress
-        env, now = d.run_.env, time.perf_counter()
+        env, now = d.built.env, time.perf_counter()
         self.reported = step
         pr.done += 1
         pr.recorder.resolve(pr.done)
@@ -269,7 +269,7 @@ class _Repetition:
         lr = env.optim.lr_at(self.base + step, env.total_steps)
         pr.losses.append(loss)
         pr.lrs.append(lr)
-        pr.memory.add(pr.done, d.run_.memory_sample(now - pr.recorder.t0))
+        pr.memory.add(pr.done, d.built.memory_sample(now - pr.recorder.t0))
         if not math.isfinite(loss):
             raise NonFiniteLossError(
                 f"step {self.base + step}: loss is {loss}; stopping (this step's update "
@@ -294,14 +294,14 @@ class _Repetition:
             return {}
         t, done, busy = pr.interval
         seconds = now - t
-        tokens = _tokens_per_step(self.d.program, self.d.run_.env.ranks) * (pr.done - done)
+        tokens = _tokens_per_step(self.d.program, self.d.built.env.ranks) * (pr.done - done)
         lanes = {
             lane: round((total - busy.get(lane, 0.0)) / seconds, 4)
             for lane, total in sorted(pr.recorder.busy.items())
         }
         pr.interval = (now, pr.done, dict(pr.recorder.busy))
         return {"last_n_steps": pr.done - done, "last_n_tokens_per_s": tokens / seconds,
-                "lane_busy": lanes, **self.d.run_.memory_now()}  # fmt: skip
+                "lane_busy": lanes, **self.d.built.memory_now()}  # fmt: skip
 
 
 def micro_batches(

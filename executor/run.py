@@ -132,7 +132,7 @@ class Engine:
             handlers.lower(graph)
         check_device(program, options.device)
         self.start, self.steps, self.hooks, self.options = start, steps, hooks, options
-        self._closed: setup_mod.Run | None = None
+        self._closed: setup_mod.Built | None = None
         self._scratch = contextlib.ExitStack()  # holds the scratch directory, if one is made
         self._scratch_dir: Path | None = None
         host_adam.prebuild()  # overlaps the set-up below (a fresh host compiles it)
@@ -193,7 +193,7 @@ class Engine:
     def move(self, program: Program) -> None:
         """Stop and resume in `program`'s engine: the state moves through host memory."""
         check_device(program, self.options.device)
-        old = self.driver.run_
+        old = self.driver.built
         weights, moments = old.extract()
         old.close()
         self._closed = old
@@ -203,7 +203,7 @@ class Engine:
     def finish(self) -> TrainResult:
         """The result, after on_finish; the engine is still up until `close`."""
         driver, phases, opts = self.driver, self.options.phases, self.options
-        pr, run = driver.progress, driver.run_
+        pr, run = driver.progress, driver.built
         if "first step end" in phases.marks:
             phases.add("steps", phases.since("first step end"))
         if host_adam.ready_s is not None:
@@ -236,9 +236,9 @@ class Engine:
         )
 
     def close(self) -> None:
-        if self.driver.run_ is not self._closed:  # else a move failed between the engines
+        if self.driver.built is not self._closed:  # else a move failed between the engines
             with self.options.phases("release"):
-                self.driver.run_.close()
+                self.driver.built.close()
         self._scratch.close()
 
     def _drive_dir(self, program: Program) -> NvmeDirs:
@@ -258,7 +258,7 @@ class Engine:
         moments: Mapping[str, torch.Tensor] | None,
         step: int,
         phases: Phases | None = None,
-    ) -> setup_mod.Run:
+    ) -> setup_mod.Built:
         opts = self.options
         return setup_mod.build(
             program,

@@ -33,7 +33,9 @@ from slide_ir.program import Program
 
 
 @dataclass(kw_only=True)
-class Run:
+class Built:
+    """A Program's buffers allocated and its state loaded: what its lanes run on."""
+
     program: Program
     env: Env
     setup: Setup
@@ -194,7 +196,7 @@ def build(
     initial_optim_state: Mapping[str, torch.Tensor] | None,
     phases: Phases | None = None,
     ranks: Ranks | None = None,
-) -> Run:
+) -> Built:
     phases = phases or Phases()
     with phases("engine check"):
         s = _setup(p, device, dtype, ranks)
@@ -235,7 +237,7 @@ def build(
         with phases("state"):
             state.load(env, initial_state, initial_optim_state)
     except BaseException:
-        if store is not None:  # no Run to close yet: remove the NVMe files here
+        if store is not None:  # nothing built to close yet: remove the NVMe files here
             store.close()
         raise
-    return Run(program=p, env=env, setup=s)
+    return Built(program=p, env=env, setup=s)

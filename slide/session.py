@@ -59,7 +59,7 @@ def train(
     initial_optim_state: Mapping[str, torch.Tensor] | None = None,
     start_step: int = 0,
     nvme_dir: str | Path | Iterable[str | Path] | None = None,
-    the_plan: Plan | None = None,
+    planned: Plan | None = None,
     save_every: int = 0,
     on_save: OnSave | None = None,
     trace_steps: tuple[int, int] | None = None,
@@ -71,9 +71,9 @@ def train(
     ranks: Ranks | None = None,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps (`executor.run` says what
-    each hook and option does). `the_plan`: the plan to run (else the planner's for `config`;
+    each hook and option does). `planned`: the plan to run (else the planner's for `config`;
     data parallel: one rank's single-GPU plan at batch / N, which the Program shards).
-    `replan_request`: the configuration `the_plan` was planned from, its "auto" choices
+    `replan_request`: the configuration `planned` was planned from, its "auto" choices
     unresolved: after the first `REPLAN_AFTER` steps the run re-fits the machine profile to its
     measured lanes and, where the placement search then chooses a placement predicted >= 3%
     faster, moves into it (`meta["replan"]` says what was decided and why). The move holds the
@@ -83,7 +83,7 @@ def train(
     if ranks is not None and replan_request is not None:
         raise ValueError("re-planning is for one process: data-parallel ranks keep their plan")
     dev, dtype = _device(device, dtype)
-    p = pass_plan(the_plan or _plan(model_spec, machine, config, ranks), _graph_steps(config))
+    p = pass_plan(planned or _plan(model_spec, machine, config, ranks), _graph_steps(config))
     check_feasible(p, dev) if ranks is None else check_ranks_fit(p, ranks, dev)
     checked_after = REPLAN_AFTER if replan_request is not None else None
     checking = checked_after is not None and config.steps > REPLAN_AFTER

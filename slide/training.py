@@ -114,13 +114,13 @@ def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any
     for notice in req.notices:
         log.warning(notice)
     with phases("weights source"):
-        weights = resumed.weights if resumed else _initial(req, ready.the_plan.model)
+        weights = resumed.weights if resumed else _initial(req, ready.planned.model)
     with phases("output directory"):
         run_dir = _open_out(req, resumed)
     replan = req.replan and ranks is None and ready.saved is None and ready.device.type == "cuda"
     request = ready.remaining if replan else None
     try:
-        return _run(req, ready.the_plan, ready.optim, ready.data, weights, resumed, run_dir,
+        return _fine_tune(req, ready.planned, ready.optim, ready.data, weights, resumed, run_dir,
                     phases, request, ranks)  # fmt: skip
     finally:
         if run_dir is not None:
@@ -155,7 +155,7 @@ class _Ready:
     optim: AdamWConfig
     resumed: Resumed | None
     remaining: TrainConfig  # the steps still to run (the global batch)
-    the_plan: Plan  # data parallel: one rank's single-GPU plan, at batch / nproc
+    planned: Plan  # data parallel: one rank's single-GPU plan, at batch / nproc
     data: Iterator[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -198,16 +198,16 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
     optim = replace(optim, total_steps=resumed.total_steps if resumed else req.config.steps)
     remaining = replace(req.config, steps=req.config.steps - start)
     with phases("plan"):
-        the_plan = plan_run(saved, spec, machine, remaining, nproc)
+        planned = plan_run(saved, spec, machine, remaining, nproc)
         try:
             if nproc == 1:  # N ranks: checked sharded (`plan_run`), and again by each rank
-                check_feasible(the_plan, device)
+                check_feasible(planned, device)
         except InfeasiblePlanError as exc:
             raise UserError(str(exc)) from None
     with phases("data"):
         data = _data(req, spec, start)
     return _Ready(req=req, device=device, saved=saved, optim=optim, resumed=resumed,
-                  remaining=remaining, the_plan=the_plan, data=data)  # fmt: skip
+                  remaining=remaining, planned=planned, data=data)  # fmt: skip
 
 
 def _open_out(req: TrainRequest, resumed: Resumed | None) -> RunDir | None:
@@ -217,9 +217,9 @@ def _open_out(req: TrainRequest, resumed: Resumed | None) -> RunDir | None:
     return RunDir.open(req.out, keep=req.keep, overwrite=req.overwrite, resumed=at)
 
 
-def _run(
+def _fine_tune(
     req: TrainRequest,
-    the_plan: Plan,
+    planned: Plan,
     optim: AdamWConfig,
     data: Iterator[tuple[torch.Tensor, torch.Tensor]],
     weights: Mapping[str, torch.Tensor],
@@ -230,7 +230,7 @@ def _run(
     ranks: Ranks | None,
 ) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
-    ckpt = _checkpointer(req, the_plan.model, optim, run_dir) if run_dir else None
+    ckpt = _checkpointer(req, planned.model, optim, run_dir) if run_dir else None
     reporter = Reporter(req, total=req.config.steps, start=start, phases=phases)
     stop = _CtrlC()
     result = None
@@ -247,11 +247,11 @@ def _run(
     try:
         with stop:
             result = train(
-                the_plan.model,
-                the_plan.machine,
-                replace(the_plan.config, steps=req.config.steps - start, batch=req.config.batch),
+                planned.model,
+                planned.machine,
+                replace(planned.config, steps=req.config.steps - start, batch=req.config.batch),
                 initial_state=weights,
-                the_plan=the_plan,
+                planned=planned,
                 batches=data,
                 optim=optim,
                 device=torch.device(req.device) if req.device else None,
@@ -293,7 +293,7 @@ def _run(
 
         refit_cache(torch.device(req.device or "cuda"), factors)
     with phases("report"):
-        summary = finish(req, result, reporter, done, the_plan.machine, last,
+        summary = finish(req, result, reporter, done, planned.machine, last,
                          interrupted=stop.requested, nproc=ranks.nproc if ranks else 1)  # fmt: skip
     if warning := prediction_warning(summary, refits_profile=req.machine == "auto"):
         log.warning(warning)

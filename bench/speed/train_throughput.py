@@ -148,7 +148,7 @@ def slide_point(
             optim=AdamWConfig(lr=1e-5),
             device="cuda",
             dtype=torch.bfloat16,
-            the_plan=p,
+            planned=p,
         )
     m = trace_metrics(result.trace, p.graph)
     if traces is not None:

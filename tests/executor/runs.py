@@ -102,7 +102,7 @@ def graph_of(tied: bool, drives: int = 0, steps: int = STEPS, **config: object) 
 
 def build_run(
     p: Plan, cfg: dict, nvme_dir: Path, dtype: torch.dtype, ranks: Ranks | None = None
-) -> setup.Run:
+) -> setup.Built:
     """The executor's set-up of plan `p` on the CPU (buffers, environment, state loaded from
     `cfg`'s random model), without running it: for tests of what set-up allocates. `ranks`:
     rank `ranks.rank`'s of a data-parallel run (no collective is made)."""
