@@ -27,7 +27,7 @@ import torch
 
 from executor.layout import Shard, UnitLayout
 from executor.nvme_io import aligned_empty
-from slide_ir.ir.graph import Graph, Pool, PoolRole, Tier, Value
+from slide_ir.ir.graph import Dtype, Graph, Pool, PoolRole, Tier, Value
 from slide_ir.specs.model import ModelSpec
 
 log = logging.getLogger("executor.buffers")
@@ -244,9 +244,13 @@ class _Allocator:
         """Elements of the largest shard a slot of `pool` holds."""
         return max(self.numel(u) for u in pool.units)
 
-    def dtype(self, pool: Pool, elements: int) -> torch.dtype:
-        """FP32 for a pool the ledger sized at 4 bytes per element, else the compute dtype."""
-        return torch.float32 if pool.slot_bytes >= 4 * elements else self.s.dtype
+    def dtype(self, pool: Pool) -> torch.dtype:
+        """The torch dtype of the pool's elements (`graph.Dtype`)."""
+        dtypes = {Dtype.COMPUTE: self.s.dtype, Dtype.FP32: torch.float32,
+                  Dtype.MOMENTS: self.s.moments_dtype}  # fmt: skip
+        if pool.dtype not in dtypes:
+            raise ValueError(f"pool {pool.name!r} ({pool.role}) names no element dtype")
+        return dtypes[pool.dtype]
 
     def skip(self, pool: Pool) -> None:
         """Accounting only, torch's workspaces, NVMe regions (files: see `nvme`)."""
@@ -290,9 +294,7 @@ class _Allocator:
         s, prefix = self.s, prefix or UNIT_KEYS[pool.role]
         per_param = 2 if pool.role == R.MOMENTS else 1
         total = sum(self.numel(u) for u in pool.units)
-        dtype = s.moments_dtype if pool.role == R.MOMENTS else self.dtype(pool, total)
-        if pool.role in (R.MASTER, R.GRAD_ACCUM):
-            dtype = torch.float32
+        dtype = self.dtype(pool)
         flat = None
         if pool.slots < len(pool.units):
             on_device = pool.tier == Tier.GPU

@@ -101,6 +101,17 @@ class PoolRole(StrEnum):
     OPT_STAGING = "opt_staging"  # RAM staging of the NVMe optimizer-state stripes
 
 
+class Dtype(StrEnum):
+    """What a pool's elements are, so an engine allocates them without guessing from byte
+    counts: `compute` is the run's compute dtype (BF16 on a GPU; FP32 in the CPU mode),
+    `moments` the Adam moments' (FP32 or BF16, `GraphInfo.moments_dtype`)."""
+
+    NONE = ""  # not one element array: accounting, torch's workspaces, tokens, NVMe regions
+    COMPUTE = "compute"
+    FP32 = "fp32"
+    MOMENTS = "moments"
+
+
 class UnitPlacement(StrEnum):
     """Where a unit lives and who updates it (the graph's info lists one per unit)."""
 
@@ -314,6 +325,7 @@ class Pool:
     # a slot holding several units side by side: the element at which each unit's region starts
     # (parallel to `units`; regions of units never held at once may overlap); empty: packed
     offsets: tuple[int, ...] = ()
+    dtype: Dtype = Dtype.NONE
 
     def __post_init__(self) -> None:
         if self.slots <= 0:
@@ -478,7 +490,8 @@ def info_from_dict(d: Mapping[str, Any]) -> GraphInfo:
 
 def _pool_from_dict(d: Mapping[str, Any]) -> Pool:
     return Pool(**{**d, "tier": Tier(d["tier"]), "role": PoolRole(d["role"]),
-                   "units": tuple(d["units"]), "offsets": tuple(d["offsets"])})  # fmt: skip
+                   "units": tuple(d["units"]), "offsets": tuple(d["offsets"]),
+                   "dtype": Dtype(d.get("dtype", Dtype.NONE))})  # fmt: skip
 
 
 def work_from_dict(d: Mapping[str, Any]) -> Work:

@@ -21,6 +21,7 @@ from dataclasses import fields
 
 from slide_ir.ir.graph import (
     Attention,
+    Dtype,
     Gemm,
     Graph,
     GraphError,
@@ -51,6 +52,8 @@ def format_graph(graph: Graph) -> str:
             items["units"] = ",".join(map(str, p.units))
         if p.offsets:
             items["offsets"] = ",".join(map(str, p.offsets))
+        if p.dtype:
+            items["dtype"] = p.dtype
         lines.append(f"pool {p.name} " + _kv(items))
     lines.extend(format_op(op) for op in graph.ops)
     return "\n".join(lines) + "\n"
@@ -125,6 +128,7 @@ def _parse_pool(name: str, kv: dict[str, str]) -> Pool:
         role=PoolRole(kv.get("role", PoolRole.ACCOUNTING)),
         units=tuple(int(u) for u in kv.get("units", "").split(",") if u),
         offsets=tuple(int(u) for u in kv.get("offsets", "").split(",") if u),
+        dtype=Dtype(kv.get("dtype", Dtype.NONE)),
     )
 
 

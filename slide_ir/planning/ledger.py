@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from slide_ir.ir.drives import act_pool, saved_per_drive
-from slide_ir.ir.graph import Pool, Tier
+from slide_ir.ir.graph import Dtype, Pool, Tier
 from slide_ir.ir.graph import PoolRole as R
 from slide_ir.planning.zero_offload import (
     BUCKET_POOL,
@@ -125,6 +125,14 @@ def adam_bytes_per_param(config: TrainConfig) -> int:
 
 
 # -- building --------------------------------------------------------------------------------
+# what a pool of each role holds, element by element (a pool that differs says so: `add`)
+ROLE_DTYPES = {R.HIDDEN: Dtype.COMPUTE, R.HIDDEN_GRAD: Dtype.COMPUTE, R.HOST_HIDDEN: Dtype.COMPUTE,
+               R.UNIT: Dtype.COMPUTE, R.DEVICE_WEIGHTS: Dtype.COMPUTE,
+               R.DEVICE_GRADS: Dtype.COMPUTE, R.GRAD_LANDING: Dtype.COMPUTE,
+               R.HOST_WEIGHTS: Dtype.COMPUTE, R.GRAD_ACCUM: Dtype.FP32, R.MASTER: Dtype.FP32,
+               R.MOMENTS: Dtype.MOMENTS}  # fmt: skip
+
+
 class _Terms:
     """Collects terms; skips empty ones so the breakdown lists only what is allocated."""
 
@@ -144,10 +152,12 @@ class _Terms:
         role: R = R.ACCOUNTING,
         units: tuple[int, ...] = (),
         offsets: tuple[int, ...] = (),
+        dtype: Dtype | None = None,
     ) -> None:
         if slots > 0 and slot_bytes > 0:
+            dtype = ROLE_DTYPES.get(role, Dtype.NONE) if dtype is None else dtype
             pool = Pool(name=name, tier=tier, slots=slots, slot_bytes=slot_bytes, static=static,
-                        role=role, units=units, offsets=offsets)  # fmt: skip
+                        role=role, units=units, offsets=offsets, dtype=dtype)  # fmt: skip
             self.items.append(Term(pool=pool, label=label, formula=formula))
 
     def add_group(
@@ -545,6 +555,7 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
         f"{n_all:.4g} x 4 B",
         static=True,
         role=R.GRAD_LANDING,
+        dtype=Dtype.FP32,
         units=resident_preference(model),
     )
     terms.add(

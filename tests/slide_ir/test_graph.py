@@ -3,6 +3,7 @@
 import pytest
 
 from slide_ir.ir.graph import (
+    Dtype,
     Graph,
     GraphError,
     GraphInfo,
@@ -119,3 +120,11 @@ def test_an_op_finds_its_operands_by_role():
             writes=(Value(name="L2.x", slot="gpu_acts.1"), tape))  # fmt: skip
     assert op.written_as(Role.TAPE) == tape
     assert op.written_as(Role.TOKENS) is None and op.read_as(Role.TAPE) is None
+
+
+def test_a_pools_dtype_prints_and_reads_back():
+    pool = Pool(name="pinned_bf16_0", tier=Tier.PINNED, slots=2, slot_bytes=64, dtype=Dtype.COMPUTE)
+    graph = Graph(info=INFO, pools=(pool,), ops=())
+    assert "dtype=compute" in format_graph(graph)
+    assert parse_graph(format_graph(graph)).pools == (pool,)
+    assert Graph.from_json(graph.to_json()).pools == (pool,)
