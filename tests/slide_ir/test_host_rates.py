@@ -187,3 +187,18 @@ def test_log_linear_holds_its_ends_and_is_exact_at_points():
     assert [f.at((d,)) for d in (1, 4, 8, 16, 64)] == [1.0, 1.0, 2.0, 3.0, 3.0]
     two = LogLinear([((4, 2), 1.0), ((4, 8), 5.0)])  # one size, two thread counts
     assert two.at((100, 4)) == pytest.approx(3.0)
+
+
+def test_a_tiny_models_host_updates_count_as_fixed_cost_for_the_refit():
+    """tiny-llama's units update in microseconds: the update call's fixed cost is most of its
+    cpu lane, so a re-fit leaves that lane's rates alone (`refit.MAX_FIXED_SHARE`); an 8B
+    model's cpu lane is its rates."""
+    from slide_ir.planning.planner import plan
+    from slide_ir.planning.refit import MAX_FIXED_SHARE, fixed_shares
+    from slide_ir.specs.config import TrainConfig
+    from slide_ir.specs.model import load_model
+
+    preset = load_machine("h200-16c-128g")
+    for model, fixed_bound in (("tiny-llama", True), ("llama-3.1-8b", False)):
+        p = plan(load_model(model), preset, TrainConfig(batch=2, seq=64, resident=0, streamed=0))
+        assert (fixed_shares(p, {2})["cpu"] >= MAX_FIXED_SHARE) == fixed_bound, model
