@@ -9,13 +9,15 @@ whole run stays under ~3 minutes on one H200 host.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,6 +27,7 @@ from slide.fileio import fsync_path
 from slide_ir.ir.graph import Attention
 from slide_ir.planning.gpu_rates import REF_LCE, REF_TOKENS
 from slide_ir.planning.shapes import linear_shapes
+from slide_ir.specs.hardware_parts import format_grid
 from slide_ir.specs.model import ModelSpec
 
 HostUnit = tuple[torch.Tensor, list[Part], torch.Tensor]  # gradient, state parts, output
@@ -37,6 +40,21 @@ class Figure:
     value: float
     note: str
     threads: int = 0  # CPU probes: the intra-op threads they ran with
+    elements: int = 0  # the host-update probe: its unit's elements
+
+
+@dataclass(frozen=True)
+class GridFigure:
+    text: str  # a grid field's form (`Gpu.gemm_grid`, `Link.h2d_grid`, ...)
+    note: str
+    points: int
+
+
+def size_grid(seconds: Mapping[int, float], note: str) -> GridFigure:
+    """A host curve's grid (`Link.h2d_grid`, `Nvme.read_grid`) from the seconds of an operation
+    of each size: its rate there in GB/s."""
+    points = [((b,), b / t / 1e9) for b, t in sorted(seconds.items())]
+    return GridFigure(format_grid(points), note, len(points))
 
 
 def cuda_median(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> float:
@@ -266,7 +284,14 @@ def dispatch_floors(
 
 
 # -- host link ------------------------------------------------------------------------------------
-def link_rates(size_mb: int = 1024) -> dict[str, Figure]:
+# The copy curve's sizes (`Link.h2d_grid`, `d2h_grid`) below the link probe's own: latency-bound,
+# halfway and nearly at the rate (`slide_ir.planning.host_rates`); ~10 ms of copies in all.
+COPY_GRID = (64 << 10, 1 << 20, 16 << 20)
+
+
+def link_rates(size_mb: int = 1024, grid: Sequence[int] = COPY_GRID) -> dict[str, Any]:
+    """Pinned and pageable copies of `size_mb` each way and both at once, and the pinned copy
+    curves: `grid`'s sizes (prefixes of the same buffers) and `size_mb` itself."""
     n = size_mb * MB
     dev = torch.empty(n, dtype=torch.uint8, device="cuda")
     dev2 = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -289,13 +314,23 @@ def link_rates(size_mb: int = 1024) -> dict[str, Figure]:
         dev.copy_(pageable)
         torch.cuda.synchronize()
 
+    def upload_s(b: int) -> float:
+        return cuda_median(lambda: dev[:b].copy_(pinned[:b], non_blocking=True))
+
+    def download_s(b: int) -> float:
+        return cuda_median(lambda: pinned[:b].copy_(dev[:b], non_blocking=True))
+
+    ways = {"h2d": upload_s, "d2h": download_s}
+    full = {way: copy(n) for way, copy in ways.items()}
+    curves = {
+        f"{way}_grid": size_grid(
+            {b: copy(b) for b in grid if b < n} | {n: full[way]}, f"pinned {way}, each size"
+        )
+        for way, copy in ways.items()
+    }
     return {
-        "h2d": Figure(
-            n / cuda_median(lambda: dev.copy_(pinned, non_blocking=True)), f"pinned h2d, {note}"
-        ),
-        "d2h": Figure(
-            n / cuda_median(lambda: pinned.copy_(dev, non_blocking=True)), f"pinned d2h, {note}"
-        ),
+        **{way: Figure(n / full[way], f"pinned {way}, {note}") for way in ways},
+        **curves,
         "duplex": Figure(
             n / _host_median(both), f"each way with h2d and d2h on two streams at once, {note}"
         ),
@@ -392,7 +427,25 @@ def adam_rate(
     2.64e9. This probe's 1.99e9 on that day's calibration lease matched the executor's steps."""
 
     memory = HostMemory(pin=torch.cuda.is_available())
-    work = host_update_units(units, elements, memory)
+    try:
+        work = host_update_units(units, elements, memory)
+        with _DmaLoad() if under_dma else contextlib.nullcontext():
+            seconds = _update_seconds(work, elements, threads)
+    finally:
+        memory.close()
+    load = ", h2d + d2h copies running" if under_dma else ""
+    return Figure(
+        elements / seconds,
+        f"executor host AdamW (bf16 grads, fused bf16 cast) from a lane thread, {units} units of "
+        f"{elements / 1e6:.0f}M elements in turn, {threads} threads{load}",
+        threads,
+        elements,
+    )
+
+
+def _update_seconds(work: list[HostUnit], elements: int, threads: int) -> float:
+    """Seconds per unit of the host update over `work`'s units in turn, from a lane thread of
+    its own at `threads` intra-op threads (the median of 3 passes after one)."""
     hp = StepHp(step=1, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
     layout = _WholeBuffer(elements)
 
@@ -404,22 +457,33 @@ def adam_rate(
             for grad, parts, out in work:
                 update_host(layout, grad, parts, out, hp, scratch)
 
-        return _host_median(one_pass, repeats=3) / units
+        return _host_median(one_pass, repeats=3) / len(work)
 
     previous = torch.get_num_threads()
     try:
-        with _DmaLoad() if under_dma else contextlib.nullcontext():
-            seconds = _in_thread(lane)
+        return _in_thread(lane)
     finally:
         torch.set_num_threads(previous)
+
+
+# The host update's curve (`Cpu.adam_grid`) at unit sizes below the probe's own (which the
+# profile adds): a small model's layers (1M elements: its fixed cost shows) and a mid one's (8M)
+ADAM_GRID = (1 << 20, 1 << 23)
+
+
+def adam_grid(threads: Sequence[int], sizes: Sequence[int] = ADAM_GRID) -> GridFigure:
+    """`adam_rate` at each of `sizes` and each of `threads` (the units allocated once a size):
+    `Cpu.adam_grid` points, `ELEMENTSxTHREADS:GELEM/S`. At the default sizes ~0.5 s."""
+    memory = HostMemory(pin=torch.cuda.is_available())
+    points = []
+    try:
+        for n in sizes:
+            work = host_update_units(ADAM_UNITS, n, memory)
+            points += [((n, t), n / _update_seconds(work, n, t) / 1e9) for t in threads]
+    finally:
         memory.close()
-    load = ", h2d + d2h copies running" if under_dma else ""
-    return Figure(
-        elements / seconds,
-        f"executor host AdamW (bf16 grads, fused bf16 cast) from a lane thread, {units} units of "
-        f"{elements / 1e6:.0f}M elements in turn, {threads} threads{load}",
-        threads,
-    )
+    note = f"executor host AdamW from a lane thread, {ADAM_UNITS} units in turn, each size"
+    return GridFigure(format_grid(points), note, len(points))
 
 
 def _in_thread(fn: Callable[[], float]) -> float:
@@ -458,14 +522,25 @@ def host_ram_bytes() -> int:
 
 
 # -- NVMe ---------------------------------------------------------------------------------------
-def nvme_rates(directory: Path, size_mb: int = 2048) -> dict[str, Figure]:
+# The drive curve's request sizes (`Nvme.read_grid`, `write_grid`) below the probe's transfer:
+# a block, a mid request, a large one (~0.1 s on a 1.5 GB/s drive)
+NVME_GRID = (4 << 10, 256 << 10, 16 << 20)
+REQUEST_REPEATS = 5  # requests of each size, at distinct offsets; their median is the point
+
+
+def nvme_rates(
+    directory: Path, size_mb: int = 2048, grid: Sequence[int] = NVME_GRID
+) -> dict[str, Any]:
     """Reads and writes of one drive file through the executor's own store (kvikio on CUDA
     where it imports, O_DIRECT files otherwise), in transfers of `NVME_TRANSFER_MB`, taken in
     turn as the nvme lane takes them: read a region written earlier, overwrite another. The
     file is laid out first (two regions of `size_mb`), so every timed write overwrites, as the
     steps' writes do after set-up. On the H200 machine's disk a first write ran at 1.54 GB/s
     where the steps' overwrites ran at 2.6, and a read timed right after 4 GiB of writes ran at
-    0.91-1.32 GB/s where the same lease's steps read at 1.45-1.61."""
+    0.91-1.32 GB/s where the same lease's steps read at 1.45-1.61.
+
+    Then the drive's request curves: requests of each of `grid`'s sizes, one at a time as the
+    nvme lane issues an op's (`Nvme.read_grid`, `write_grid`, with the transfer's own point)."""
     from executor.nvme import NvmeStore, backend_for
     from executor.nvme_io import aligned_empty
 
@@ -491,10 +566,29 @@ def nvme_rates(directory: Path, size_mb: int = 2048) -> dict[str, Figure]:
         fsync_path(store.paths[0])  # a buffered fallback's writes, before the clock stops
         write_s += time.perf_counter() - t0
         how = store.kind
+        sizes = [b for b in grid if b < block]
+        reads = {b: _request_s(lambda o, b=b: store.read(0, o, dst[:b]), b, region) for b in sizes}
+        writes = {
+            b: _request_s(lambda o, b=b: store.write(0, region + o, src[:b]), b, region)
+            for b in sizes
+        }
     finally:
         store.close()
     note = f"{size_mb} MiB sequential, {block // MB} MiB transfers, {how}, reads and overwrites in turn"
-    return {"read": Figure(region / read_s, note), "write": Figure(region / write_s, note)}
+    count, how = len(transfers), f"one {how} request at a time, each size"
+    return {
+        "read": Figure(region / read_s, note),
+        "write": Figure(region / write_s, note),
+        "read_grid": size_grid(reads | {block: read_s / count}, how),
+        "write_grid": size_grid(writes | {block: write_s / count}, how),
+    }
+
+
+def _request_s(request: Callable[[int], object], size: int, span: int) -> float:
+    """The median seconds of `REQUEST_REPEATS` calls `request(offset)` (after one), each at its
+    own `size`-aligned offset within `span` bytes (a drive's cache cannot serve one again)."""
+    offsets = itertools.count(0, size)
+    return _host_median(lambda: request(next(offsets) % (span - span % size)), REQUEST_REPEATS)
 
 
 NVME_TRANSFER_MB = 128  # about a 3B layer's inputs at batch 16 (100 MB); a unit's state is more

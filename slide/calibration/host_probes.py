@@ -34,15 +34,16 @@ from slide_ir.specs.hardware import (
     gpu_names,
     load_gpu,
 )
-from slide_ir.specs.hardware_parts import freeze_sources
+from slide_ir.specs.hardware_parts import format_grid, freeze_sources, parse_grid
 from slide_ir.specs.model import load_model
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
 MIB = 1 << 20
 # part of every cache key: bump it when the probes change what they measure (3: the shape grids;
-# an entry of an older version is never read, so the next run measures the host again)
-PROFILE_VERSION = 3
+# 4: the host curves' grids; an entry of an older version is never read, so the next run
+# measures the host again)
+PROFILE_VERSION = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,7 +133,9 @@ CALIBRATE = ProbeSizes(
 # traffic per unit, far past any last-level cache) instead of 218M-element 8B layers. Its cost is
 # mostly first-touching the 4 GiB each of its three runs (all threads, half, under DMA) allocates:
 # 6 s a run on a 2-core CPU-only box, ~1.5-2 s expected with the H200 host's 12 threads, so ~6 s
-# for the three; the cast, 32M elements: ~0.1 s. `run_probes` warns when the total overruns.
+# for the three; the cast, 32M elements: ~0.1 s. The host curves' grids add ~0.5 s: the update
+# at 1M and 8M elements at both thread counts (`gpu_probes.adam_grid`), and copies of 64 KiB to
+# 16 MiB each way on the link probe's buffers (~10 ms). `run_probes` warns when the total overruns.
 AUTO_BUDGET_S = 20.0
 # The dispatch floors (`gpu_probes.dispatch_floors`) are timed on the smallest catalog model,
 # whose layer at 16 tokens is microseconds of GPU work: what is left is the host's issuing.
@@ -170,6 +173,7 @@ def probe_table(
         "link": lambda: cal.link_rates(s.link_mb),
         "adam_all": lambda: cal.adam_rate(threads, unit),
         "adam_half": lambda: cal.adam_rate(max(1, threads // 2), unit),
+        "adam_grid": lambda: cal.adam_grid(sorted({threads, max(1, threads // 2)})),
         "adam_under_dma": lambda: cal.adam_rate(threads, unit, under_dma=True),
         "cast": lambda: cal.cast_rate(host.cores, s.cast_elements),
     }
@@ -234,6 +238,7 @@ def profile(
         dram_bytes_per_s=max(adam_all.value, adam_half.value) * 28,
         dram_under_dma_bytes_per_s=loaded.value * 28,
         simd="measured host",
+        adam_grid=_with_units(got["adam_grid"].text, adam_all, adam_half),
     )
     drives = () if "nvme" not in got else (_drive(got["nvme"], nvme_dir or Path(".")),)
     notes = {
@@ -246,6 +251,9 @@ def profile(
         "gpu.adam_elems_per_s": got["gpu_adam"].note,
         "gpu.gemm_grid": got["gemm_grid"].note,
         "gpu.attention_grid": got["attention_grid"].note,
+        "link.h2d_grid": link["h2d_grid"].note,
+        "link.d2h_grid": link["d2h_grid"].note,
+        "cpu.adam_grid": got["adam_grid"].note + "; and the two runs above at the whole unit",
         **{f"gpu.{field}": floors[k].note for k, field in _FLOOR_FIELDS.items()},
         **{f"link.{k}_bytes_per_s": link[k].note for k in _LINK_KEYS},
         "cpu.cores": "os.sched_getaffinity",
@@ -260,11 +268,17 @@ def profile(
         notes["gpu.sm_count"] = "torch.cuda.get_device_properties().multi_processor_count"
     if drives:
         notes |= {f"nvme[0].{k}": got["nvme"]["read"].note for k in _DRIVE_KEYS}
+        notes |= {f"nvme[0].{k}": got["nvme"][k].note for k in ("read_grid", "write_grid")}
     sources = {"gpu.bf16_peak_tflops": peak_source} | {k: f"{stamp}: {v}" for k, v in notes.items()}
     return Machine(
         name=name,
         gpu=gpu,
-        link=Link(name="measured-link", **{f"{k}_bytes_per_s": link[k].value for k in _LINK_KEYS}),
+        link=Link(
+            name="measured-link",
+            **{f"{k}_bytes_per_s": link[k].value for k in _LINK_KEYS},
+            h2d_grid=link["h2d_grid"].text,
+            d2h_grid=link["d2h_grid"].text,
+        ),
         cpu=cpu,
         ram_bytes=host.ram_bytes,
         nvme=drives,
@@ -278,6 +292,13 @@ _LINK_KEYS = ("h2d", "d2h", "duplex", "pageable_h2d", "pageable_d2h")
 _DRIVE_KEYS = ("read_bytes_per_s", "write_bytes_per_s", "capacity_bytes", "gds")
 
 
+def _with_units(grid: str, *runs: Any) -> str:
+    """The host update's grid with the whole-unit runs (`adam_all`, `adam_half`) as points (one
+    where they ran at the same thread count: a one- or two-core host)."""
+    points = dict(parse_grid(grid)) | {(f.elements, f.threads): f.value / 1e9 for f in runs}
+    return format_grid(sorted(points.items()))
+
+
 def _drive(rates: Mapping[str, Any], directory: Path) -> Nvme:
     st = os.statvfs(directory)  # its free space is what a run can use
     return Nvme(
@@ -286,6 +307,8 @@ def _drive(rates: Mapping[str, Any], directory: Path) -> Nvme:
         gds=False,
         read_bytes_per_s=rates["read"].value,
         write_bytes_per_s=rates["write"].value,
+        read_grid=rates["read_grid"].text,
+        write_grid=rates["write_grid"].text,
     )
 
 

@@ -8,21 +8,17 @@ H200, so both grids together stay near a second (`--machine auto`'s start-up bud
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from slide.calibration.gpu_probes import attention_flops, attention_seconds, cuda_median
+from slide.calibration.gpu_probes import (
+    GridFigure,
+    attention_flops,
+    attention_seconds,
+    cuda_median,
+)
 from slide_ir.ir.graph import Gemm
 from slide_ir.planning.gpu_rates import ATTENTION_GRID, attention_dims, gemm_grid
 from slide_ir.specs.hardware_parts import format_grid
-
-
-@dataclass(frozen=True)
-class GridFigure:
-    text: str  # `Gpu.gemm_grid` / `Gpu.attention_grid` form
-    note: str
-    points: int
 
 
 def gemm_seconds(g: Gemm) -> float:

@@ -10,19 +10,22 @@ Roofline style, one handler per `OpKind` (a test checks the table covers every k
   where the profile has one;
 - `gpu_adam`: elements / the measured device AdamW rate (`gpu.adam_elems_per_s`), else bytes
   touched / HBM bandwidth;
-- transfers on `h2d`/`d2h`: bytes / the link's *duplex* rate (each way, both directions busy). The
-  sliding schedule overlaps uploads with downloads during backward, where they matter most; using
-  the duplex rate for every transfer is the simple, slightly pessimistic choice (the forward
-  phase's lone uploads run a little faster on a real link);
-- `adam`: elements / the CPU's Adam rate at `work.bytes // work.elements` bytes per element
-  (28 for FP32 weights + grads + moments: the rate is memory-bandwidth bound). The copy engines
+- transfers on `h2d`/`d2h`: a copy's latency + bytes / the link's *duplex* rate (each way, both
+  directions busy), on the copy curve of its size (`host_rates`). The sliding schedule overlaps
+  uploads with downloads during backward, where they matter most; using the duplex rate for
+  every transfer is the simple, slightly pessimistic choice (the forward phase's lone uploads
+  run a little faster on a real link);
+- `adam`: a call's fixed cost + elements / the CPU's Adam rate at `work.bytes // work.elements`
+  bytes per element (28 for FP32 weights + grads + moments: the rate is memory-bandwidth bound)
+  and the plan's update threads, on the update's curve of its size (`host_rates`). The copy engines
   share that DRAM: on the H200 host full duplex traffic cost the update 20-35% of its rate
   (bench/RESULTS.md). `seconds` prices every update at full load
   (`cpu.dram_under_dma_bytes_per_s`); `seconds_under_dma` at a given share of it, which the
   simulator takes from the traffic each update actually meets;
 - `cast`: elements / the CPU's FP32 -> BF16 cast rate;
 - `grad_accum`: bytes touched / the CPU's DRAM bandwidth (a streaming add, memory bound);
-- NVMe: bytes / the lane's drive rate (`nvme0` is drive 0, ...);
+- NVMe: a request's latency + bytes / the lane's drive rate (`nvme0` is drive 0, ...), on the
+  drive's curve of the op's size, one request per op (`host_rates`);
 - collectives of a data-parallel rank's graph (`slide_ir.planning.data_parallel`) on its `net` lane, when
   the model is built with `nproc` > 1 ranks on one node: ring algorithms over the GPU-to-GPU
   link (`machine.peer_bytes_per_s`: NVLink per GPU per direction, else PCIe peer-to-peer). With
@@ -38,9 +41,11 @@ Roofline style, one handler per `OpKind` (a test checks the table covers every k
   layout graphs price their collectives with `slide_ir.layouts.cost.LayoutCosts` instead.
 
 Every rate is multiplied by a named efficiency factor (`Efficiency`) that `slide calibrate` fits
-from measured traces; each op also pays a fixed `launch_s` (kernel launch / copy setup / thread
-hand-off) so that thousands of tiny ops are not free, and a GPU layer op takes at least the
-profile's floor for its kind (`CostModel.floor`: the host's time to issue its kernels). The
+from measured traces; each op also pays a fixed `launch_s` (the lane's hand-off: a kernel
+launch, a worker thread's wake-up) so that thousands of tiny ops are not free, a host op its
+own fixed cost on its size curve (a copy's latency, a drive request's, the update's call), and
+a GPU layer op takes at least the profile's floor for its kind (`CostModel.floor`: the host's
+time to issue its kernels). The
 machine is read through attributes only (`machine.gpu.bf16_matmul_tflops`, ...), so any object
 shaped like `slide_ir.specs.hardware.Machine` works.
 """
@@ -53,6 +58,7 @@ from typing import Any
 
 from slide_ir.ir.graph import Op, OpKind, Work
 from slide_ir.planning.gpu_rates import REF_LCE, ShapeRates
+from slide_ir.planning.host_rates import Dims, HostCurves, SizeCurve
 from slide_ir.planning.shapes import loss_gemms
 from slide_ir.specs.model import LCE_BYTES_PER_LOGIT
 
@@ -108,7 +114,8 @@ class _Rates:
 class CostModel:
     """(op) -> seconds for one machine. Stateless after construction."""
 
-    __slots__ = ("efficiency", "lce_factor", "machine", "nproc", "rates", "shapes", "threads")
+    __slots__ = ("efficiency", "host", "lce_factor", "machine", "nproc", "rates", "shapes",
+                 "threads")  # fmt: skip
 
     def __init__(
         self,
@@ -132,6 +139,7 @@ class CostModel:
         self.rates = _resolve(machine, host_threads, self.efficiency, nproc)
         r = self.rates
         self.shapes = ShapeRates(machine.gpu, matmul=r.flops, attention=r.attention, hbm=r.hbm)
+        self.host = HostCurves(machine, cpu_threads or machine.cpu.cores)
         self.lce_factor = self._lce_factor()
 
     def seconds(self, op: Op) -> float:
@@ -148,9 +156,14 @@ class CostModel:
         return getattr(self.machine.gpu, field, None) or 0.0
 
     def fixed_seconds(self, op: Op) -> float:
-        """The part of `seconds(op)` that no rate scales: the launch, and the floor where it
-        exceeds the rate's time (`slide_ir.planning.refit` fits rates only to the rest)."""
-        return self.efficiency.launch_s + max(0.0, self.floor(op) - HANDLERS[op.kind](self, op))
+        """The part of `seconds(op)` that no rate scales: the launch, the floor where it
+        exceeds the rate's time, and a host op's fixed cost on its size curve
+        (`slide_ir.planning.refit` fits rates only to the rest)."""
+        fixed = self.efficiency.launch_s + max(0.0, self.floor(op) - HANDLERS[op.kind](self, op))
+        if op.kind in _CURVES:
+            curve, dims, _ = _CURVES[op.kind](self, op, 1.0)
+            fixed += curve.fixed_seconds(dims)
+        return fixed
 
     def binding_floor(self, op: Op) -> float:
         """`op`'s floor where it, not the rates, sets the op's time; else 0."""
@@ -163,7 +176,8 @@ class CostModel:
         traffic it met (`simulator.dram`)."""
         if op.kind != OpKind.ADAM:
             return self.seconds(op)
-        return self.efficiency.launch_s + _adam_at(self, op, min(1.0, dma_load * self.nproc))
+        curve, dims, rate = _adam_curve(self, op, min(1.0, dma_load * self.nproc))
+        return self.efficiency.launch_s + curve.seconds(dims, rate)
 
     def compute_seconds(self, w: Work) -> float:
         """GPU compute: matmul, attention and elementwise kernels, serial. Each GEMM and the
@@ -286,19 +300,28 @@ def _gpu_adam(cm: CostModel, op: Op) -> float:
     return op.work.bytes / cm.rates.hbm
 
 
-def _transfer(cm: CostModel, op: Op) -> float:
-    return op.work.bytes / cm.rates.link
+# A host op's size curve (`host_rates`), its dims there and the rate it runs at; `dma_load`
+# (0 to 1) is for the host AdamW alone (`CostModel.seconds_under_dma`).
+Curve = tuple[SizeCurve, Dims, float]
 
 
-def _adam(cm: CostModel, op: Op) -> float:
-    return _adam_at(cm, op, dma_load=1.0)
+def _host(cm: CostModel, op: Op) -> float:
+    curve, dims, rate = _CURVES[op.kind](cm, op, 1.0)
+    return curve.seconds(dims, rate)
 
 
-def _adam_at(cm: CostModel, op: Op, dma_load: float) -> float:
-    if op.work.elements == 0:
-        return 0.0
-    per_elem = max(1, op.work.bytes // op.work.elements) if op.work.bytes else 28
-    return op.work.elements / cm.rates.adam(per_elem, dma_load)
+_UPLOADS = frozenset({OpKind.H2D_PARAM, OpKind.OPT_H2D, OpKind.ACT_LOAD})
+
+
+def _copy_curve(cm: CostModel, op: Op, dma_load: float) -> Curve:
+    curve = cm.host.h2d if op.kind in _UPLOADS else cm.host.d2h
+    return curve, (op.work.bytes,), cm.rates.link
+
+
+def _adam_curve(cm: CostModel, op: Op, dma_load: float) -> Curve:
+    w = op.work
+    per_elem = max(1, w.bytes // w.elements) if w.bytes and w.elements else 28
+    return cm.host.adam, cm.host.adam_dims(w.elements), cm.rates.adam(per_elem, dma_load)
 
 
 def _cast(cm: CostModel, op: Op) -> float:
@@ -309,21 +332,32 @@ def _grad_accum(cm: CostModel, op: Op) -> float:
     return op.work.bytes / cm.rates.dram
 
 
-def _nvme_read(cm: CostModel, op: Op) -> float:
-    return op.work.bytes / _drive(cm.rates.nvme_read, op)
+def _read_curve(cm: CostModel, op: Op, dma_load: float) -> Curve:
+    i = _drive(cm.rates.nvme_read, op)
+    return cm.host.reads[i], (op.work.bytes,), cm.rates.nvme_read[i]
 
 
-def _nvme_write(cm: CostModel, op: Op) -> float:
-    return op.work.bytes / _drive(cm.rates.nvme_write, op)
+def _write_curve(cm: CostModel, op: Op, dma_load: float) -> Curve:
+    i = _drive(cm.rates.nvme_write, op)
+    return cm.host.writes[i], (op.work.bytes,), cm.rates.nvme_write[i]
 
 
-def _drive(rates: tuple[float, ...], op: Op) -> float:
+def _drive(rates: tuple[float, ...], op: Op) -> int:
     index = int(op.lane[len("nvme") :] or 0)
     if index >= len(rates):
         raise ValueError(
             f"op {op.id}: lane {op.lane} needs NVMe drive {index}, the machine has {len(rates)}"
         )
-    return rates[index]
+    return index
+
+
+_CURVES: Mapping[OpKind, Callable[[CostModel, Op, float], Curve]] = {
+    **dict.fromkeys((OpKind.H2D_PARAM, OpKind.D2H_GRAD, OpKind.OPT_H2D, OpKind.OPT_D2H,
+                     OpKind.W_D2H, OpKind.ACT_SAVE, OpKind.ACT_LOAD), _copy_curve),
+    OpKind.ADAM: _adam_curve,
+    OpKind.NVME_READ: _read_curve,
+    OpKind.NVME_WRITE: _write_curve,
+}  # fmt: skip
 
 
 def ring_seconds(kind: OpKind, message: int, nproc: int, bytes_per_s: float) -> float:
@@ -353,19 +387,10 @@ HANDLERS: Mapping[OpKind, Handler] = {
     OpKind.RECOMPUTE: _gpu_compute,
     OpKind.BWD: _gpu_compute,
     OpKind.LOSS: _loss,
-    OpKind.H2D_PARAM: _transfer,
-    OpKind.D2H_GRAD: _transfer,
-    OpKind.ADAM: _adam,
+    **dict.fromkeys(_CURVES, _host),  # copies, the host AdamW, drive requests: their size curves
     OpKind.GPU_ADAM: _gpu_adam,
-    OpKind.OPT_H2D: _transfer,
-    OpKind.OPT_D2H: _transfer,
-    OpKind.W_D2H: _transfer,
     OpKind.CAST: _cast,
     OpKind.GRAD_ACCUM: _grad_accum,
-    OpKind.ACT_SAVE: _transfer,
-    OpKind.ACT_LOAD: _transfer,
-    OpKind.NVME_READ: _nvme_read,
-    OpKind.NVME_WRITE: _nvme_write,
     OpKind.ALL_REDUCE: _collective,
     OpKind.REDUCE_SCATTER: _collective,
     OpKind.ALL_GATHER: _collective,

@@ -21,6 +21,7 @@ from typing import Any, TypeVar, cast
 
 from slide_ir.ir.graph import lane_kind
 from slide_ir.planning.cost import FLOOR_FIELDS, FLOOR_KINDS, CostModel
+from slide_ir.planning.host_rates import GRID_FIELDS, refit_grid
 from slide_ir.planning.planner import Plan, plan
 from slide_ir.planning.timeline import predict, predict_step_s
 from slide_ir.specs.config import TrainConfig
@@ -122,16 +123,16 @@ def lane_factors(measured: Mapping[str, float], predicted: Mapping[str, float]) 
 
 def refit_machine(machine: Machine, factors: Mapping[str, float]) -> Machine:
     """`machine` with each lane's rates divided by its factor (a lane measured 10% slow gets
-    rates 10% lower) and each GPU dispatch floor multiplied by its own (keyed by its field);
-    the sources say so."""
+    rates 10% lower), the measured grids of those rates with them (a grid point is a rate at a
+    shape or size), and each GPU dispatch floor multiplied by its own factor (keyed by its
+    field); the sources say so."""
     sources = dict(machine.sources)
 
     def scaled(part: P, prefix: str, fields: tuple[str, ...], kind: str) -> P:
         factor = factors.get(kind)
         if factor is None:
             return part
-        new = {f: getattr(part, f) / factor for f in fields if getattr(part, f) is not None}
-        new |= {f: scale_grid(getattr(part, f), 1 / factor) for f in _GRIDS if hasattr(part, f)}
+        new = {f: _divided(part, f, factor) for f in fields if getattr(part, f) is not None}
         try:
             fitted = cast(P, replace(cast(Any, part), **new))
         except ValueError:  # past what the part's own checks allow (matmul over its peak)
@@ -140,8 +141,8 @@ def refit_machine(machine: Machine, factors: Mapping[str, float]) -> Machine:
             sources[f"{prefix}.{f}"] = f"re-fit to a run's measured {kind} lane: / {factor:.4f}"
         return fitted
 
-    link = scaled(machine.link, "link", ("h2d_bytes_per_s", "pageable_h2d_bytes_per_s"), "h2d")
-    link = scaled(link, "link", ("d2h_bytes_per_s", "pageable_d2h_bytes_per_s"), "d2h")
+    link = scaled(machine.link, "link", _UPLOAD_RATES, "h2d")
+    link = scaled(link, "link", _DOWNLOAD_RATES, "d2h")
     duplex = [factors[k] for k in ("h2d", "d2h") if k in factors]
     if duplex:
         link = replace(link, duplex_bytes_per_s=link.duplex_bytes_per_s / max(duplex))
@@ -159,14 +160,21 @@ def refit_machine(machine: Machine, factors: Mapping[str, float]) -> Machine:
         gpu=gpu,
         cpu=scaled(machine.cpu, "cpu", _CPU_RATES, "cpu"),
         link=link,
-        nvme=tuple(
-            scaled(d, "nvme", ("read_bytes_per_s", "write_bytes_per_s"), "nvme")
-            for d in machine.nvme
-        ),
+        nvme=tuple(scaled(d, "nvme", _DRIVE_RATES, "nvme") for d in machine.nvme),
         sources=freeze_sources(sources),
     )
 
 
+def _divided(part: Any, name: str, factor: float) -> float | str:
+    """`part`'s rate `name` divided by `factor`; a GPU grid's every rate with it; a host grid
+    moved as its curve's rate part is (`host_rates.refit_grid`: its fixed cost stays)."""
+    if name in GRID_FIELDS:
+        return refit_grid(part, name, factor)
+    value = getattr(part, name)
+    return scale_grid(value, 1 / factor) if isinstance(value, str) else float(value) / factor
+
+
+# Each lane's rates and the grids measured with them (`*_grid`: points that move with the rates)
 _GPU_RATES = (
     "bf16_matmul_tflops",
     "attention_tflops",
@@ -174,14 +182,19 @@ _GPU_RATES = (
     "lce_logits_per_s",
     "elementwise_bytes_per_s",
     "adam_elems_per_s",
+    "gemm_grid",
+    "attention_grid",
 )
-_GRIDS = ("gemm_grid", "attention_grid")  # measured points that move with the rates they correct
 _CPU_RATES = (
     "adam_elems_per_s_per_core",
     "cast_elems_per_s_per_core",
     "dram_bytes_per_s",
     "dram_under_dma_bytes_per_s",
+    "adam_grid",
 )
+_UPLOAD_RATES = ("h2d_bytes_per_s", "pageable_h2d_bytes_per_s", "h2d_grid")
+_DOWNLOAD_RATES = ("d2h_bytes_per_s", "pageable_d2h_bytes_per_s", "d2h_grid")
+_DRIVE_RATES = ("read_bytes_per_s", "write_bytes_per_s", "read_grid", "write_grid")
 
 
 def fitted_factors(

@@ -113,8 +113,8 @@ class Gpu:
 
     def __post_init__(self) -> None:
         _validate(self)
-        parse_grid(self.gemm_grid)  # a bad point fails here, naming itself
-        parse_grid(self.attention_grid)
+        parse_grid(self.gemm_grid, dims=3)  # a bad point fails here, naming itself
+        parse_grid(self.attention_grid, dims=4)
         # GeForce cards boost past their rated clock, so an achieved rate may top the datasheet a
         # little; 1.5x the peak catches unit slips (TFLOP/s written as GFLOP/s) instead.
         for name in ("bf16_matmul_tflops", "attention_tflops"):
@@ -122,20 +122,23 @@ class Gpu:
                 raise ValueError(f"Gpu.{name} must be <= 1.5 x bf16_peak_tflops")
 
 
-def parse_grid(text: str | None) -> tuple[tuple[tuple[int, ...], float], ...]:
-    """A profile's grid string, `DIMS:TFLOPS` items separated by spaces (dims `x`-joined),
-    as (dims, TFLOP/s) pairs; None or "" is no grid."""
+def parse_grid(
+    text: str | None, dims: int | None = None
+) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """A profile's grid string, `DIMS:RATE` items separated by spaces (dims `x`-joined), as
+    (dims, rate) pairs; None or "" is no grid. `dims`: how many dims each point must have.
+    Rates are in the grid's own unit (TFLOP/s for the GPU's, G per second for the host's)."""
     points = []
     for item in (text or "").split():
-        dims, sep, rate = item.partition(":")
+        size, sep, rate = item.partition(":")
         try:
-            point = (tuple(int(d) for d in dims.split("x")), float(rate))
+            point = (tuple(int(d) for d in size.split("x")), float(rate))
         except ValueError:
             point = ((), 0.0)
-        if not sep or not point[0] or not point[1] > 0 or min(point[0]) < 1:
-            raise ValueError(
-                f"bad grid point {item!r}: expected DIMS:TFLOPS, e.g. 8192x4096x4096:700"
-            )
+        wrong = dims is not None and len(point[0]) != dims
+        if not sep or not point[0] or not point[1] > 0 or min(point[0]) < 1 or wrong:
+            want = f"{dims} dims" if dims else "DIMS:RATE"
+            raise ValueError(f"bad grid point {item!r}: expected {want}, e.g. 8192x4096x4096:700")
         points.append(point)
     return tuple(points)
 
@@ -144,9 +147,9 @@ def format_grid(points: Iterable[tuple[Sequence[int], float]]) -> str:
     return " ".join(f"{'x'.join(map(str, dims))}:{rate:.4g}" for dims, rate in points)
 
 
-def scale_grid(text: str | None, factor: float) -> str | None:
-    """Every point's rate times `factor` (a re-fit moves the grid with the rate it corrects)."""
-    return None if text is None else format_grid((d, r * factor) for d, r in parse_grid(text))
+def scale_grid(text: str, factor: float) -> str:
+    """Every point's rate times `factor` (a re-fit moves a grid with the rate it corrects)."""
+    return format_grid((d, r * factor) for d, r in parse_grid(text))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,9 +162,15 @@ class Link:
     duplex_bytes_per_s: float = _toml("duplex_gb_per_s", G)
     pageable_h2d_bytes_per_s: float = _toml("pageable_h2d_gb_per_s", G)
     pageable_d2h_bytes_per_s: float = _toml("pageable_d2h_gb_per_s", G)
+    # Measured pinned copies at their sizes, `BYTES:GB/S` items (`parse_grid`; None: the
+    # derived curve alone, `slide_ir.planning.host_rates`)
+    h2d_grid: str | None = None
+    d2h_grid: str | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
+        parse_grid(self.h2d_grid, dims=1)
+        parse_grid(self.d2h_grid, dims=1)
 
 
 def default_optimizer_threads(cores: int, nproc: int = 1) -> int:
@@ -186,9 +195,13 @@ class Cpu:
     # above): the copy engines take their share of the DRAM bandwidth during a sliding backward
     dram_under_dma_bytes_per_s: float | None = _toml("dram_under_dma_gb_per_s", G, default=None)
     simd: str
+    # The host AdamW measured at unit sizes and thread counts, `ELEMENTSxTHREADS:GELEM/S` items
+    # (`parse_grid`; None: the derived curve alone, `slide_ir.planning.host_rates`)
+    adam_grid: str | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
+        parse_grid(self.adam_grid, dims=2)
 
     def optimizer_threads(self, nproc: int = 1) -> int:
         """The host update's threads when none are asked for (`default_optimizer_threads`)."""
@@ -236,12 +249,18 @@ class Nvme:
 
     name: str
     capacity_bytes: int = _toml("capacity_gb", G)
-    read_bytes_per_s: float = _toml("read_gb_per_s", G)
+    read_bytes_per_s: float = _toml("read_gb_per_s", G)  # large sequential requests
     write_bytes_per_s: float = _toml("write_gb_per_s", G)
     gds: bool
+    # Measured requests at their sizes, one at a time as the nvme lane issues them, `BYTES:GB/S`
+    # items (`parse_grid`; None: the derived curve alone, `slide_ir.planning.host_rates`)
+    read_grid: str | None = None
+    write_grid: str | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
+        parse_grid(self.read_grid, dims=1)
+        parse_grid(self.write_grid, dims=1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,10 +14,18 @@ from slide_ir.planning import programs, refit
 REQUEST = TrainConfig(batch=B, seq=S, steps=STEPS, placement="fast")
 
 
+def _as_rate_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every lane counts as rate-bound: the tiny model's host updates are mostly their call's
+    fixed cost (`host_rates.ADAM_CALL_S`, 30 us against a few us of elements), so the re-fit
+    would rightly leave the cpu rates alone; these tests are about the move itself."""
+    monkeypatch.setattr(refit, "fixed_shares", lambda p, steps: {})
+
+
 def test_a_slow_cpu_lane_moves_units_to_the_gpu(monkeypatch):
     """The cpu lane measured 8x slower than the profile: the search on the re-fit profile keeps
     more units resident; the run moves there after step 6 and still trains as the reference."""
     monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {"cpu": 8.0})
+    _as_rate_bound(monkeypatch)
     monkeypatch.setattr(session, "MOVE_COST_PER_SETUP", 0.0)  # a move here costs nothing
     result = run_executor(False, placement="fast", train_kwargs={"replan_request": REQUEST})
     replan = result.meta["replan"]
@@ -37,6 +45,7 @@ def test_a_move_the_steps_left_cannot_pay_for_is_not_made(monkeypatch):
     (the tiny model's steps are predicted in microseconds): the run stays, bitwise as one never
     checked, and says why."""
     monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {"cpu": 8.0})
+    _as_rate_bound(monkeypatch)
     checked = run_executor(False, placement="fast", train_kwargs={"replan_request": REQUEST})
     replan = checked.meta["replan"]
     assert not replan["replanned"], replan

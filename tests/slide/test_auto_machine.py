@@ -15,6 +15,7 @@ from slide.training import TrainRequest, resolve_machine
 from slide_ir.planning.planner import plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine, load_machine_toml, machine_to_toml
+from slide_ir.specs.hardware_parts import default_optimizer_threads
 from slide_ir.specs.model import load_model
 
 HOST = host_probes.Host(
@@ -30,6 +31,9 @@ def _fig(value: float, threads: int = 0) -> cal.Figure:
 
 ADAM_PER_CORE = 1.5e8  # what the fake half-thread host-update probe reports, per thread
 FLOORS = {"fwd": _fig(9e-4), "bwd": _fig(1.5e-3), "loss": _fig(1.4e-3)}  # seconds
+COPY_GRID = cal.GridFigure("65536:4 1048576:30", "fake probe", 2)  # the host curves' points
+ADAM_GRID = cal.GridFigure("1048576x6:1.1 1048576x12:1.6", "fake probe", 2)
+NVME_GRID = cal.GridFigure("4096:0.05", "fake probe", 1)
 
 
 class FakeProbes:
@@ -46,22 +50,26 @@ class FakeProbes:
         monkeypatch.setattr(cal, "link_rates", self.link)
         monkeypatch.setattr(cal, "dispatch_floors", lambda *a, **k: dict(FLOORS))
         monkeypatch.setattr(cal, "adam_rate", self.adam)
-        monkeypatch.setattr(
-            cal, "nvme_rates", lambda d, *a: {"read": _fig(7e9), "write": _fig(6e9)}
-        )
+        monkeypatch.setattr(cal, "adam_grid", lambda threads: ADAM_GRID)
+        drive = {"read": _fig(7e9), "write": _fig(6e9), "read_grid": NVME_GRID,
+                 "write_grid": NVME_GRID}  # fmt: skip
+        monkeypatch.setattr(cal, "nvme_rates", lambda d, *a: drive)
         monkeypatch.setattr(host_probes, "this_host", lambda device: HOST)
         grid = shape_probes.GridFigure("8192x4096x4096:480 1024x896x896:150", "fake probe", 2)
         monkeypatch.setattr(shape_probes, "gemm_grid_rates", lambda: grid)
         attention = shape_probes.GridFigure("4x32x2048x128:190", "fake probe", 1)
         monkeypatch.setattr(shape_probes, "attention_grid_rates", lambda: attention)
 
-    def link(self, *args: object) -> dict[str, cal.Figure]:
+    def link(self, *args: object) -> dict[str, object]:
         keys = ("h2d", "d2h", "duplex", "pageable_h2d", "pageable_d2h")
-        return {k: _fig(5e10 * self.scale) for k in keys}
+        return {k: _fig(5e10 * self.scale) for k in keys} | {
+            "h2d_grid": COPY_GRID,
+            "d2h_grid": COPY_GRID,
+        }
 
     def adam(self, threads: int, elements: int = 0, **kw: object) -> cal.Figure:
         self.calls += 1
-        return _fig(threads * ADAM_PER_CORE * self.scale, threads)
+        return cal.Figure(threads * ADAM_PER_CORE * self.scale, "fake probe", threads, elements)
 
 
 @pytest.fixture
@@ -236,4 +244,18 @@ def test_an_entry_of_an_older_profile_version_is_measured_again(probes, monkeypa
     assert auto_machine.cached(HOST) is None
     machine = auto_machine.auto_machine(CUDA)
     assert probes.calls == 3 and machine.gpu.gemm_grid and machine.gpu.attention_grid
+    assert machine.link.h2d_grid == COPY_GRID.text and machine.link.d2h_grid == COPY_GRID.text
     assert auto_machine.cache_path(HOST) != old and old.exists()  # never deleted: Slide's own
+
+
+def test_the_host_curves_grids_hold_the_whole_unit_runs_as_points(probes):
+    """The host update's grid: the grid probe's small units and the two whole-unit runs (all
+    and half the update threads) that also give the per-core and DRAM figures."""
+    machine = auto_machine.auto_machine(CUDA)
+    unit = min(cal.host_update_unit(load_model("llama-3.1-8b").layer_params), 64 << 20)
+    threads = default_optimizer_threads(host_probes.usable_cores())  # as the probes run them
+    counts = sorted({max(1, threads // 2), threads})
+    runs = [f"{unit}x{t}:{t * ADAM_PER_CORE / 1e9:.4g}" for t in counts]
+    assert machine.cpu.adam_grid == " ".join([ADAM_GRID.text, *runs])
+    assert "each size" not in machine.source("cpu.adam_grid")  # the fake's own note
+    assert "whole unit" in machine.source("cpu.adam_grid")

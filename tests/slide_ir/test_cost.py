@@ -4,6 +4,7 @@ import pytest
 
 from slide_ir.ir.graph import Op, OpKind, Work
 from slide_ir.planning.cost import HANDLERS, CostModel, Efficiency, FixedCosts
+from slide_ir.planning.host_rates import ADAM_CALL_S, COPY_LATENCY_S, NVME_REQUEST_S
 from slide_ir.specs.hardware import Cpu, Gpu, Link, Machine, Nvme
 
 # Round numbers so every expected duration is exact.
@@ -71,18 +72,20 @@ def test_every_kind_has_a_handler():
         ),  # 1e6 / 100 TFLOP/s + 1 GB / 1 TB/s
         (_op(OpKind.BWD, flops=2e12, attn_flops=1e12, bytes=10**9), 0.01 + 1e12 / ATTN + 0.001),
         (_op(OpKind.GPU_ADAM, bytes=10**10), 0.01),
-        (_op(OpKind.H2D_PARAM, "h2d", bytes=2 * 10**9), 0.1),  # duplex 20 GB/s
-        (_op(OpKind.ACT_LOAD, "h2d", bytes=10**9), 0.05),
-        (_op(OpKind.D2H_GRAD, "d2h", bytes=2 * 10**9), 0.1),
-        (_op(OpKind.ACT_SAVE, "d2h", bytes=10**9), 0.05),
-        # 10 cores x 1e8 = 1e9 elem/s < DRAM 1e11 / 28 B = 3.57e9: compute bound
-        (_op(OpKind.ADAM, "cpu", elements=10**9, bytes=28 * 10**9), 1.0),
+        # a copy's latency + bytes at the duplex 20 GB/s
+        (_op(OpKind.H2D_PARAM, "h2d", bytes=2 * 10**9), COPY_LATENCY_S + 0.1),
+        (_op(OpKind.ACT_LOAD, "h2d", bytes=10**9), COPY_LATENCY_S + 0.05),
+        (_op(OpKind.D2H_GRAD, "d2h", bytes=2 * 10**9), COPY_LATENCY_S + 0.1),
+        (_op(OpKind.ACT_SAVE, "d2h", bytes=10**9), COPY_LATENCY_S + 0.05),
+        # 10 cores x 1e8 = 1e9 elem/s < DRAM 1e11 / 28 B = 3.57e9: compute bound, plus the call
+        (_op(OpKind.ADAM, "cpu", elements=10**9, bytes=28 * 10**9), ADAM_CALL_S + 1.0),
         # 100 B/elem: DRAM bound at 1e11 / 100 = 1e9 elem/s... equal; 200 B/elem: 5e8 elem/s
-        (_op(OpKind.ADAM, "cpu", elements=10**9, bytes=200 * 10**9), 2.0),
+        (_op(OpKind.ADAM, "cpu", elements=10**9, bytes=200 * 10**9), ADAM_CALL_S + 2.0),
         (_op(OpKind.CAST, "cpu", elements=10**9), 1e9 / min(5e9, 1e11 / 6)),
         (_op(OpKind.GRAD_ACCUM, "cpu", elements=10**9, bytes=10 * 10**9), 0.1),
-        (_op(OpKind.NVME_READ, "nvme1", bytes=10**10), 2.0),
-        (_op(OpKind.NVME_WRITE, "nvme0", bytes=10**10), 2.5),
+        # one request per op: its latency + bytes at the drive's rate
+        (_op(OpKind.NVME_READ, "nvme1", bytes=10**10), NVME_REQUEST_S + 2.0),
+        (_op(OpKind.NVME_WRITE, "nvme0", bytes=10**10), NVME_REQUEST_S + 2.5),
     ],
 )
 def test_roofline_terms(op, seconds):
@@ -91,7 +94,8 @@ def test_roofline_terms(op, seconds):
 
 def test_threads_and_efficiency_scale_rates():
     adam = _op(OpKind.ADAM, "cpu", elements=10**9, bytes=28 * 10**9)
-    assert CostModel(MACHINE, cpu_threads=5, efficiency=NO_LAUNCH).seconds(adam) == pytest.approx(2)
+    five = CostModel(MACHINE, cpu_threads=5, efficiency=NO_LAUNCH)
+    assert five.seconds(adam) == pytest.approx(ADAM_CALL_S + 2)
     slow = Efficiency(launch_s=1e-3, matmul=0.5)
     assert CostModel(MACHINE, efficiency=slow).seconds(_op(OpKind.FWD, flops=1e12)) == (
         pytest.approx(0.021)
@@ -137,10 +141,10 @@ def test_measured_kernel_rates_and_loaded_dram_replace_the_roofline() -> None:
               work=Work(bytes=28e8, elements=1e8))  # fmt: skip
     # 10 cores x 1e8 = 1e9/s, capped by 5.6e10 / 28 = 2e9/s: core-bound either way; lower the
     # cores' rate bound above the DMA share to see the share decide
-    assert cm.seconds(adam) == pytest.approx(1e8 / 1e9)
+    assert cm.seconds(adam) == pytest.approx(ADAM_CALL_S + 1e8 / 1e9)
     fast = replace(cpu, adam_elems_per_s_per_core=1e9)
     cm = CostModel(replace(MACHINE, gpu=gpu, cpu=fast), efficiency=Efficiency(launch_s=0.0))
-    assert cm.seconds(adam) == pytest.approx(1e8 / (5.6e10 / 28))
+    assert cm.seconds(adam) == pytest.approx(ADAM_CALL_S + 1e8 / (5.6e10 / 28))
 
 
 def test_a_layer_op_takes_at_least_its_dispatch_floor():
