@@ -31,6 +31,7 @@ from executor.interrupts import AbortRun
 from executor.phases import Phases, since_process_start
 from executor.ranks import Ranks
 from executor.run import InfeasiblePlanError, NonFiniteLossError, ReadState
+from slide.chat_data import LengthLimit
 from slide.checkpoints import RunDir
 from slide.data import TokenStream, batches, load_token_stream
 from slide.errors import StopRun, UserError
@@ -60,6 +61,7 @@ class TrainRequest:
     data: str | None = None
     tokenizer: str | None = None
     data_cache: str | None = None  # token caches' directory [~/.cache/slide/tokens]
+    truncation: str = "truncate"  # chat data: conversations longer than seq, cut or dropped
     shuffle: bool = True
     seed: int = 0
     device: str | None = None
@@ -420,7 +422,8 @@ def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
 def _token_stream(req: TrainRequest) -> TokenStream:
     """The run's tokens, from their cache (prepared now, with a progress bar, if missing)."""
     return load_token_stream(req.data or CORPUS, tokenizer_dir=_data_tokenizer(req),
-                             cache_dir=req.data_cache, progress=req.progress)  # fmt: skip
+                             cache_dir=req.data_cache, progress=req.progress,
+                             limit=LengthLimit(req.config.seq, req.truncation))  # fmt: skip
 
 
 def _data_tokenizer(req: TrainRequest) -> str | Path | None:

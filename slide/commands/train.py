@@ -206,6 +206,7 @@ def _request(args: argparse.Namespace, notices: list[str]) -> TrainRequest:
         data=args.data,
         tokenizer=args.tokenizer,
         data_cache=args.data_cache,
+        truncation=args.truncation,
         shuffle=not args.no_shuffle,
         seed=args.seed,
         device=args.device,
