@@ -91,7 +91,10 @@ class Reporter:
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
         if self.metrics:
-            self.metrics.write(json.dumps({"step": step, "loss": loss, "lr": lr, **metrics}) + "\n")
+            row = {"step": step, "loss": loss, "lr": lr, **metrics}
+            if self.losses.steps == 1 and self.req.run_config is not None:
+                row["config"] = self.req.run_config  # how the run was made, once
+            self.metrics.write(json.dumps(row) + "\n")
             self.metrics.flush()
 
     def close(self) -> None:

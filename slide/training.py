@@ -35,7 +35,9 @@ from slide.chat_data import LengthLimit
 from slide.checkpoints import RunDir
 from slide.data import TokenStream, batches, load_token_stream
 from slide.errors import StopRun, UserError
+from slide.fileio import write_atomic
 from slide.resume import Resumed, read_checkpoint, state_json
+from slide.run_config import to_toml
 from slide.saving import Checkpointer, StateWriter
 from slide.session import check_feasible, plan_run, train
 from slide.tokenizer import CORPUS, build_tiny_tokenizer, tokenizer_files
@@ -48,6 +50,7 @@ from slide_ir.specs.model import ModelSpec, load_model
 
 log = logging.getLogger(__name__)
 TINY_TOKENIZER = Path.home() / ".cache" / "slide" / "tiny-tokenizer"
+CONFIG_FILE = "config.toml"  # in OUT: the run's resolved flags
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +96,9 @@ class TrainRequest:
     # said once (rank 0) when every check has passed, before the weights are touched: what the
     # run would otherwise do without a word (`slide.commands.train_inputs.notices`)
     notices: tuple[str, ...] = ()
+    # the flags the run resolved, by config key (`slide.run_config`): written to OUT/config.toml
+    # and the first metrics line, so `slide train --config OUT/config.toml` repeats the run
+    run_config: dict[str, Any] | None = None
 
 
 def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any]:
@@ -216,7 +222,10 @@ def _open_out(req: TrainRequest, resumed: Resumed | None) -> RunDir | None:
     if not req.out:
         return None
     at = (resumed.directory, resumed.steps_done) if resumed else None
-    return RunDir.open(req.out, keep=req.keep, overwrite=req.overwrite, resumed=at)
+    run_dir = RunDir.open(req.out, keep=req.keep, overwrite=req.overwrite, resumed=at)
+    if req.run_config is not None:
+        write_atomic(run_dir.root / CONFIG_FILE, to_toml(req.run_config))
+    return run_dir
 
 
 def _fine_tune(
