@@ -82,6 +82,7 @@ class TrainRequest:
     resume: str | None = None
     extend_schedule: bool = False
     metrics: str | None = None
+    tensorboard: str | None = None  # a directory for the metrics as TensorBoard scalars
     plan_file: str | None = None  # a saved plan: its model, machine and config (but steps) win
     trace: str | None = None
     # the steps --trace/--gantt/--save-trace show; None: `executor.recording.default_trace_steps`
@@ -109,8 +110,8 @@ def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any
     phases = Phases()
     phases.add("imports", since_process_start())  # from the command to here
     if ranks is not None and not ranks.is_main:
-        req = replace(req, out=None, metrics=None, trace=None, save_trace=None, gantt=None,
-                      progress=False)  # fmt: skip
+        req = replace(req, out=None, metrics=None, tensorboard=None, trace=None,
+                      save_trace=None, gantt=None, progress=False)  # fmt: skip
     if ranks is not None and req.machine == "auto" and device_of(req).type == "cuda":
         # rank 0 measures the host alone (N ranks at once would each see a share of its
         # memory and link), the others then read the profile it cached

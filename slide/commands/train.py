@@ -115,6 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps from the step reached (the LR jumps to that step's value on the new schedule)",
     )
     parser.add_argument("--metrics", help="write one JSON object per step to this .jsonl file")
+    parser.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also write each step's metrics (loss, lr, step time, tokens/s, ...) as "
+        "TensorBoard scalars into DIR (needs pip install 'slide[tensorboard]')",
+    )
     parser.add_argument("--trace", help="write the measured Chrome trace JSON here")
     parser.add_argument(
         "--trace-steps",
@@ -249,6 +255,7 @@ def _request(args: argparse.Namespace, notices: list[str], flags: dict[str, Any]
         extend_schedule=args.extend_schedule,
         nvme_dirs=nvme_dirs(args),
         metrics=args.metrics,
+        tensorboard=args.tensorboard,
         trace=args.trace,
         trace_steps=preflight.step_range(args.trace_steps) if args.trace_steps else None,
         log_every=args.log_every,
