@@ -24,7 +24,7 @@ $(TEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(TEST_VENV)
 	$(TEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(TEST_VENV)/bin/python -m pip install -q torch==2.13.0
-	$(TEST_VENV)/bin/python -m pip install -q -e '.[gpu,data,dev]'
+	$(TEST_VENV)/bin/python -m pip install -q -e '.[gpu,data,dev,tensorboard]'
 	touch $@
 
 demo: $(DEMO_VENV)/.installed

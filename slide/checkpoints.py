@@ -4,6 +4,7 @@
     OUT/checkpoints/step-000100/    a complete checkpoint (HF model, optimizer, slide_state.json)
     OUT/latest                      "checkpoints/step-000100": the newest published one
     OUT/config.json, model*.safetensors   hard links to the newest one's HF files (from_pretrained)
+    OUT/config.toml                 the run's resolved flags (`slide train --config` reads it)
 
 Invariants, for kill -9 at any instant:
 - A checkpoint is complete or absent: it is written into `checkpoints/.tmp-step-N-PID/`, every

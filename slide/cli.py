@@ -2,7 +2,9 @@
 
 Each subcommand module has `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`;
 `args.given` holds the destinations the command line set itself (not by default), for commands
-whose values may come from elsewhere when a flag is left out (a checkpoint, a saved plan).
+whose values may come from elsewhere when a flag is left out (a checkpoint, a saved plan); a
+command with a `--config` flag takes the values of that TOML file (`slide.run_config`) where
+no flag is typed, and they count as given.
 A mistyped flag is reported with the subcommand's own usage.
 User errors (`UserError`, or the ValueErrors our configs raise) print one line and exit 2:
 no traceback for a mistyped name or a non-positive batch. `StopRun` ends a command early with
@@ -19,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from slide.commands import COMMANDS
 from slide.errors import StopRun, UserError
+from slide.run_config import CONFIG_DEST, apply_config, bare_parser
 
 GPU_STACK = ("torch", "triton", "transformers", "safetensors")
 
@@ -41,14 +44,8 @@ def given_flags(
     add_arguments: Callable[[argparse.ArgumentParser], None], argv: Sequence[str]
 ) -> frozenset[str]:
     """The destinations `argv` sets itself. argparse keeps no such record, so `argv` is parsed
-    again by a parser of the same arguments whose every default is SUPPRESS, which leaves a
-    destination nothing set out of the namespace."""
-    bare = argparse.ArgumentParser()
-    add_arguments(bare)
-    for action in bare._actions:
-        action.default = argparse.SUPPRESS
-    bare._defaults.clear()  # set_defaults()'s values
-    return frozenset(vars(bare.parse_args(argv)))
+    again by a parser of the same arguments with no defaults."""
+    return frozenset(vars(bare_parser(add_arguments).parse_args(argv)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
     try:
+        if getattr(args, CONFIG_DEST, None):
+            args.given = apply_config(args, args.add_arguments, args.config)
         code = int(args.run(args))
         sys.stdout.flush()  # a closed pipe fails here, inside the try, not at interpreter exit
         return code

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from slide import token_cache
+from slide.chat_data import LengthLimit
 from slide.errors import DataError
 
 IGNORE_INDEX = -100
@@ -51,9 +52,11 @@ def load_token_stream(
     tokenizer_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
     progress: bool = False,
+    limit: LengthLimit | None = None,
 ) -> TokenStream:
     """`path`'s tokens: a .npy read in place, anything else from its token cache under
-    `cache_dir` (prepared first, with a progress bar if `progress`, when there is none)."""
+    `cache_dir` (prepared first, with a progress bar if `progress`, when there is none); chat
+    conversations fit to `limit` (`slide.chat_data`)."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"data {path} is a directory: name a file (JSONL, JSON, parquet, arrow, "
@@ -68,7 +71,7 @@ def load_token_stream(
         raise DataError(f"{path} is not token ids: pass --tokenizer DIR (a local Hugging Face "
                         "tokenizer)")  # fmt: skip
     root = Path(cache_dir) if cache_dir is not None else token_cache.DEFAULT_ROOT
-    cache = token_cache.load(path, Path(tokenizer_dir), root, progress=progress)
+    cache = token_cache.load(path, Path(tokenizer_dir), root, progress=progress, limit=limit)
     return TokenStream(ids=cache.ids(), predict=cache.predict(), max_id=cache.meta["max_id"],
                        targets=cache.meta["targets"], cache=cache.directory)  # fmt: skip
 

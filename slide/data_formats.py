@@ -4,8 +4,10 @@ a JSON array, which any JSON parser reads whole: for big data use JSONL or parqu
 By suffix: `.jsonl` (one record per line, read here: errors name the line); `.json` (an array
 of records, or JSON lines), `.parquet`, `.arrow` and `.csv` (through the `datasets` library,
 streamed); anything else is UTF-8 text, cut into chunks at line breaks. A record is
-{"text"}, {"prompt", "completion"} or Alpaca's {"instruction", "input", "output"} (its prompt
-the Alpaca template); prompt tokens are not targets. A UTF-8 BOM is skipped; bytes that are not
+{"text"}, {"prompt", "completion"}, Alpaca's {"instruction", "input", "output"} (its prompt
+the Alpaca template), or chat's {"messages": [{"role", "content"}, ...]} (rendered by the
+tokenizer's chat template, `slide.chat_data`); prompt tokens are not targets, nor are a
+conversation's turns but the assistant's. A UTF-8 BOM is skipped; bytes that are not
 UTF-8 are refused naming the file and the byte offset.
 
 A text file's chunks end at a line break between two visible ASCII characters: byte-level
@@ -38,7 +40,12 @@ ALPACA_INPUT = (
     "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
     "{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 )
-SHAPES = '{"text"}, {"prompt", "completion"} or {"instruction", "input", "output"} (Alpaca)'
+SHAPES = (
+    '{"text"}, {"prompt", "completion"}, {"instruction", "input", "output"} (Alpaca) or '
+    '{"messages": [{"role", "content"}, ...]} (chat)'
+)
+ROLES = ("system", "user", "assistant", "tool")
+TRUNCATION = ("truncate", "drop")  # what becomes of a conversation longer than a sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +58,21 @@ class Doc:
     last: bool = True  # EOS follows
 
 
+@dataclass(frozen=True, slots=True)
+class Chat:
+    """One conversation, as the chat template takes it; `where` names its record in errors."""
+
+    messages: tuple[dict[str, Any], ...]
+    where: str
+
+
 @dataclass(frozen=True)
 class DocSource:
     """A file's documents in batches, each with how far into the file it reaches."""
 
     unit: str  # of `total` and the positions: "B" (bytes) or "rows"
     total: int | None
-    batches: Iterator[tuple[list[Doc], int]]
+    batches: Iterator[tuple[list[Doc | Chat], int]]
 
 
 def read_docs(path: Path) -> DocSource:
@@ -70,8 +85,16 @@ def read_docs(path: Path) -> DocSource:
     return DocSource("B", size, _text_batches(path))
 
 
-def doc_of(row: Any, where: str) -> Doc:
+def holds_chat(path: Path) -> bool:
+    """Whether `path`'s first record is a conversation (a file holds one kind of record)."""
+    docs, _ = next(read_docs(path).batches, ([], 0))
+    return bool(docs) and isinstance(docs[0], Chat)
+
+
+def doc_of(row: Any, where: str) -> Doc | Chat:
     """A record as a document; `where` names it in the error (`file:line`, `file: row N`)."""
+    if isinstance(row, dict) and "messages" in row:
+        return chat_of(row["messages"], where)
     if isinstance(row, dict):
         if isinstance(row.get("text"), str):
             return Doc(row["text"])
@@ -83,16 +106,33 @@ def doc_of(row: Any, where: str) -> Doc:
             return Doc(row["output"], prompt=template.format(instruction=row["instruction"],
                                                              input=context))  # fmt: skip
     found = f"keys {', '.join(map(str, row))}" if isinstance(row, dict) else type(row).__name__
-    if isinstance(row, dict) and ({"messages", "conversations"} & row.keys()):
-        raise DataError(f"{where}: chat data ({found}) needs a chat template, which slide does "
-                        f"not apply yet: give {SHAPES} records")  # fmt: skip
+    if isinstance(row, dict) and "conversations" in row:
+        raise DataError(f"{where}: ShareGPT's conversations ({{from, value}}) are not read: give "
+                        "chat records as messages, [{role, content}, ...]")  # fmt: skip
     raise DataError(f"{where}: expected {SHAPES}, found {found}")
 
 
-def _jsonl_batches(path: Path) -> Iterator[tuple[list[Doc], int]]:
+def chat_of(messages: Any, where: str) -> Chat:
+    """A conversation checked for what a chat template needs: turns with a known role and text."""
+    if not isinstance(messages, list):
+        raise DataError(f"{where}: messages is a {type(messages).__name__}, not a list of "
+                        "{role, content} turns")  # fmt: skip
+    if not messages:
+        raise DataError(f"{where}: an empty conversation (messages needs at least one turn)")
+    for n, turn in enumerate(messages, start=1):
+        role = turn.get("role") if isinstance(turn, dict) else None
+        if role not in ROLES:
+            raise DataError(f"{where}: message {n} has role {role!r}; known roles: "
+                            f"{', '.join(ROLES)}")  # fmt: skip
+        if not isinstance(turn.get("content"), str):
+            raise DataError(f"{where}: message {n} ({role}) has no content (a string)")
+    return Chat(tuple(messages), where)
+
+
+def _jsonl_batches(path: Path) -> Iterator[tuple[list[Doc | Chat], int]]:
     import json
 
-    docs: list[Doc] = []
+    docs: list[Doc | Chat] = []
     with path.open("rb") as f:
         offset = 0
         for n, raw in enumerate(f, start=1):
@@ -113,7 +153,7 @@ def _jsonl_batches(path: Path) -> Iterator[tuple[list[Doc], int]]:
         yield docs, offset
 
 
-def _text_batches(path: Path) -> Iterator[tuple[list[Doc], int]]:
+def _text_batches(path: Path) -> Iterator[tuple[list[Doc | Chat], int]]:
     with path.open("rb") as f:
         offset = len(BOM) if f.read(len(BOM)) == BOM else 0
         f.seek(offset)
@@ -175,7 +215,7 @@ def _check_utf8(path: Path) -> None:
             utf8(carry, path, offset)
 
 
-def _hf_batches(path: Path, fmt: str) -> Iterator[tuple[list[Doc], int]]:
+def _hf_batches(path: Path, fmt: str) -> Iterator[tuple[list[Doc | Chat], int]]:
     try:
         import datasets
     except ModuleNotFoundError:

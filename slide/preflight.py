@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from slide import tensorboard_scalars
 from slide.checkpoints import RunDir
 from slide.errors import UserError
 from slide_ir.specs.config import TrainConfig
@@ -43,6 +44,16 @@ def output_file(flag: str, path: str | None, suffixes: Iterable[str] = ()) -> No
         raise UserError(f"{flag} {path}: {where} is not writable by this user")
     if target.exists() and not os.access(target, os.W_OK):
         raise UserError(f"{flag} {path}: the file exists and is not writable by this user")
+
+
+def output_directory(flag: str, path: str) -> None:
+    """`path` is a directory this user can write in, or one the writer can create."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"{flag} {path}: a file; name a directory")
+    where = next(p for p in [target.absolute(), *target.absolute().parents] if p.exists())
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: {where} is not a directory this user can write in")
 
 
 def image_file(flag: str, path: str | None) -> None:
@@ -126,5 +137,8 @@ def check_train(args: argparse.Namespace, run: TrainRun) -> None:
                        ("--save-trace", args.save_trace)):  # fmt: skip
         output_file(flag, path)
     image_file("--gantt", args.gantt)
+    if args.tensorboard:
+        output_directory("--tensorboard", args.tensorboard)
+        tensorboard_scalars.summary_writer_class()
     if args.out:
         RunDir.check(args.out, keep=args.keep, overwrite=args.overwrite, resumed=run.resumed)

@@ -6,8 +6,9 @@ resumes (`slide data` prepares one; `slide train` prepares it where it is missin
                               every token is one)
     CACHE/<key>/meta.json     counts, dtype, the largest id; the source and tokenizer it came from
 
-<key> hashes FORMAT, the data file's bytes and the tokenizer's files: an edited file or another
-tokenizer gets a new cache, a renamed or moved file finds its old one. CACHE is
+<key> hashes FORMAT, the data file's bytes and the tokenizer's files (and, for chat data, the
+`LengthLimit` its conversations were fit to): an edited file or another tokenizer gets a new
+cache, a renamed or moved file finds its old one. CACHE is
 ~/.cache/slide/tokens unless `--data-cache` names another: nothing is written beside the
 user's data, which may be read-only or shared.
 
@@ -28,7 +29,7 @@ import logging
 import os
 import shutil
 import socket
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from slide.data_formats import Doc, read_docs
+from slide.chat_data import FitCounts, LengthLimit, encode_chats, fit_report
+from slide.data_formats import Chat, Doc, holds_chat, read_docs
 from slide.errors import DataError
 from slide.fileio import fsync_path, write_atomic
 from slide.tokenizer import load_tokenizer, tokenizer_files
@@ -76,18 +78,28 @@ class Cache:
         return np.memmap(file, dtype=dtype, mode="r", shape=(self.tokens,))
 
 
-def load(data: Path, tokenizer_dir: Path, root: Path, *, progress: bool) -> Cache:
-    """The cache of `data` tokenized by `tokenizer_dir`, prepared first if there is none."""
-    directory = root / cache_key(data, tokenizer_dir)
+def load(
+    data: Path, tokenizer_dir: Path, root: Path, *, progress: bool, limit: LengthLimit | None = None
+) -> Cache:
+    """The cache of `data` tokenized by `tokenizer_dir`, prepared first if there is none; chat
+    data's conversations fit to `limit` (None: none is cut), what that changed logged."""
+    chat = holds_chat(data)
+    directory = root / cache_key(data, tokenizer_dir, limit.key() if chat and limit else "")
     if (directory / META).is_file():
         log.info("data: %s's tokens from %s", data, directory)
     else:
-        _prepare(data, tokenizer_dir, directory, progress)
-    return Cache(directory, json.loads((directory / META).read_text(encoding="utf-8")))
+        _prepare(data, tokenizer_dir, directory, progress, chat, limit)
+    cache = Cache(directory, json.loads((directory / META).read_text(encoding="utf-8")))
+    if chat and (said := fit_report(FitCounts(**cache.meta["chats"]), limit)):
+        log.warning(said)
+    return cache
 
 
-def cache_key(data: Path, tokenizer_dir: Path) -> str:
+def cache_key(data: Path, tokenizer_dir: Path, shape: str = "") -> str:
+    """`shape`: how records were fit to a sample (`LengthLimit.key`), where that matters."""
     digest = hashlib.sha256(f"slide-tokens/{FORMAT}\n".encode())
+    if shape:
+        digest.update(shape.encode() + b"\0")
     with data.open("rb") as f:
         digest.update(hashlib.file_digest(f, "sha256").digest())
     for file in tokenizer_files(tokenizer_dir):
@@ -95,7 +107,14 @@ def cache_key(data: Path, tokenizer_dir: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def _prepare(data: Path, tokenizer_dir: Path, directory: Path, progress: bool) -> None:
+def _prepare(
+    data: Path,
+    tokenizer_dir: Path,
+    directory: Path,
+    progress: bool,
+    chat: bool,
+    limit: LengthLimit | None,
+) -> None:
     tokenizer = load_tokenizer(tokenizer_dir)
     root = directory.parent
     root.mkdir(parents=True, exist_ok=True)
@@ -104,7 +123,7 @@ def _prepare(data: Path, tokenizer_dir: Path, directory: Path, progress: bool) -
     tmp.mkdir()
     log.info("data: tokenizing %s once into %s", data, directory)
     try:
-        meta = _write(tmp, data, tokenizer, progress)
+        meta = _write(tmp, data, tokenizer, progress, chat, limit)
         meta |= {"source": str(data.resolve()), "tokenizer": str(tokenizer_dir.resolve())}
         write_atomic(tmp / META, json.dumps(meta, indent=2))
         fsync_path(tmp)
@@ -118,16 +137,19 @@ def _prepare(data: Path, tokenizer_dir: Path, directory: Path, progress: bool) -
     fsync_path(root)
 
 
-def _write(tmp: Path, data: Path, tokenizer: Any, progress: bool) -> dict[str, Any]:
+def _write(
+    tmp: Path, data: Path, tokenizer: Any, progress: bool, chat: bool, limit: LengthLimit | None
+) -> dict[str, Any]:
     """Tokenize `data` into tmp's files, a batch of documents at a time; its meta.json fields."""
     source = read_docs(data)
+    counts = FitCounts()
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 2**16 else np.uint32)
     tokens = targets = max_id = 0
     bar = tqdm(total=source.total, unit=source.unit, unit_scale=True, unit_divisor=1024,
                desc=f"tokenizing {data.name}", disable=not progress)  # fmt: skip
     with open(tmp / IDS, "wb") as ids_file, open(tmp / PREDICT, "wb") as predict_file, bar:
         for docs, position in source.batches:
-            ids, predict = encode(tokenizer, docs)
+            ids, predict = _encode_batch(tokenizer, docs, data, chat, limit, counts)
             ids_file.write(ids.astype(dtype).tobytes())
             predict_file.write(predict.tobytes())
             tokens, targets = tokens + len(ids), targets + int(predict.sum())
@@ -137,11 +159,30 @@ def _write(tmp: Path, data: Path, tokenizer: Any, progress: bool) -> dict[str, A
             f.flush()
             os.fsync(f.fileno())
     if tokens == 0:
-        raise DataError(f"{data} holds no records")
+        dropped = f" ({counts.dropped} conversations dropped by --seq)" if counts.dropped else ""
+        raise DataError(f"{data} holds no records{dropped}")
     if targets == tokens:
         (tmp / PREDICT).unlink()
+    chats = {"chats": asdict(counts)} if chat else {}
     return {"format": FORMAT, "tokens": tokens, "targets": targets, "dtype": dtype.name,
-            "max_id": max_id, "eos": tokenizer.eos_token_id}  # fmt: skip
+            "max_id": max_id, "eos": tokenizer.eos_token_id, **chats}  # fmt: skip
+
+
+def _encode_batch(
+    tokenizer: Any,
+    docs: list[Doc | Chat],
+    data: Path,
+    chat: bool,
+    limit: LengthLimit | None,
+    counts: FitCounts,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's tokens: conversations through their chat template, other records by `encode`."""
+    if any(isinstance(d, Chat) != chat for d in docs):
+        raise DataError(f"{data} mixes chat records (messages) with other kinds: give one kind "
+                        "of record per file")  # fmt: skip
+    if chat:
+        return encode_chats(tokenizer, docs, limit, counts)
+    return encode(tokenizer, docs)
 
 
 def encode(tokenizer: Any, docs: list[Doc]) -> tuple[np.ndarray, np.ndarray]:

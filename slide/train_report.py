@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from executor.phases import Phases
 from executor.run import TrainResult
 from slide.fileio import write_atomic
+from slide.tensorboard_scalars import Scalars
 from slide_ir.ir.trace import Metrics, to_chrome_trace, trace_metrics
 from slide_ir.specs.hardware import Machine
 
@@ -60,8 +61,9 @@ class LossStats:
 
 @dataclass
 class Reporter:
-    """Progress bar and metrics JSONL, one line per optimizer step. A resumed run continues
-    its metrics file from the checkpoint's step (lines a crash left beyond it are dropped)."""
+    """Progress bar, metrics JSONL (one line per optimizer step) and TensorBoard scalars. A
+    resumed run continues its metrics file from the checkpoint's step (lines a crash left
+    beyond it are dropped)."""
 
     req: TrainRequest
     total: int
@@ -82,6 +84,10 @@ class Reporter:
             if self.req.resume:
                 keep_metrics_until(Path(self.req.metrics), self.start)
             self.metrics = open(self.req.metrics, "a" if self.req.resume else "w", encoding="utf-8")  # noqa: SIM115
+        self.scalars = None
+        if self.req.tensorboard:
+            at = self.start if self.req.resume else None
+            self.scalars = Scalars(self.req.tensorboard, resumed_at=at)
 
     def on_step(self, step: int, loss: float, lr: float, metrics: dict[str, Any]) -> None:
         if not self.losses.steps:  # the lanes started at the "lanes" mark
@@ -90,14 +96,21 @@ class Reporter:
         self.losses.add(loss)
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
+        row = {"step": step, "loss": loss, "lr": lr, **metrics}
         if self.metrics:
-            self.metrics.write(json.dumps({"step": step, "loss": loss, "lr": lr, **metrics}) + "\n")
+            if self.losses.steps == 1 and self.req.run_config is not None:
+                row["config"] = self.req.run_config  # how the run was made, once
+            self.metrics.write(json.dumps(row) + "\n")
             self.metrics.flush()
+        if self.scalars:
+            self.scalars.write(step, row)
 
     def close(self) -> None:
         self.bar.close()
         if self.metrics:
             self.metrics.close()
+        if self.scalars:
+            self.scalars.close()
 
 
 def keep_metrics_until(path: Path, step: int) -> None:

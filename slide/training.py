@@ -31,10 +31,13 @@ from executor.interrupts import AbortRun
 from executor.phases import Phases, since_process_start
 from executor.ranks import Ranks
 from executor.run import InfeasiblePlanError, NonFiniteLossError, ReadState
+from slide.chat_data import LengthLimit
 from slide.checkpoints import RunDir
 from slide.data import TokenStream, batches, load_token_stream
 from slide.errors import StopRun, UserError
+from slide.fileio import write_atomic
 from slide.resume import Resumed, read_checkpoint, state_json
+from slide.run_config import to_toml
 from slide.saving import Checkpointer, StateWriter
 from slide.session import check_feasible, plan_run, train
 from slide.tokenizer import CORPUS, build_tiny_tokenizer, tokenizer_files
@@ -47,6 +50,7 @@ from slide_ir.specs.model import ModelSpec, load_model
 
 log = logging.getLogger(__name__)
 TINY_TOKENIZER = Path.home() / ".cache" / "slide" / "tiny-tokenizer"
+CONFIG_FILE = "config.toml"  # in OUT: the run's resolved flags
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +64,7 @@ class TrainRequest:
     data: str | None = None
     tokenizer: str | None = None
     data_cache: str | None = None  # token caches' directory [~/.cache/slide/tokens]
+    truncation: str = "truncate"  # chat data: conversations longer than seq, cut or dropped
     shuffle: bool = True
     seed: int = 0
     device: str | None = None
@@ -77,6 +82,7 @@ class TrainRequest:
     resume: str | None = None
     extend_schedule: bool = False
     metrics: str | None = None
+    tensorboard: str | None = None  # a directory for the metrics as TensorBoard scalars
     plan_file: str | None = None  # a saved plan: its model, machine and config (but steps) win
     trace: str | None = None
     # the steps --trace/--gantt/--save-trace show; None: `executor.recording.default_trace_steps`
@@ -91,6 +97,9 @@ class TrainRequest:
     # said once (rank 0) when every check has passed, before the weights are touched: what the
     # run would otherwise do without a word (`slide.commands.train_inputs.notices`)
     notices: tuple[str, ...] = ()
+    # the flags the run resolved, by config key (`slide.run_config`): written to OUT/config.toml
+    # and the first metrics line, so `slide train --config OUT/config.toml` repeats the run
+    run_config: dict[str, Any] | None = None
 
 
 def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any]:
@@ -101,8 +110,8 @@ def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any
     phases = Phases()
     phases.add("imports", since_process_start())  # from the command to here
     if ranks is not None and not ranks.is_main:
-        req = replace(req, out=None, metrics=None, trace=None, save_trace=None, gantt=None,
-                      progress=False)  # fmt: skip
+        req = replace(req, out=None, metrics=None, tensorboard=None, trace=None,
+                      save_trace=None, gantt=None, progress=False)  # fmt: skip
     if ranks is not None and req.machine == "auto" and device_of(req).type == "cuda":
         # rank 0 measures the host alone (N ranks at once would each see a share of its
         # memory and link), the others then read the profile it cached
@@ -214,7 +223,10 @@ def _open_out(req: TrainRequest, resumed: Resumed | None) -> RunDir | None:
     if not req.out:
         return None
     at = (resumed.directory, resumed.steps_done) if resumed else None
-    return RunDir.open(req.out, keep=req.keep, overwrite=req.overwrite, resumed=at)
+    run_dir = RunDir.open(req.out, keep=req.keep, overwrite=req.overwrite, resumed=at)
+    if req.run_config is not None:
+        write_atomic(run_dir.root / CONFIG_FILE, to_toml(req.run_config))
+    return run_dir
 
 
 def _fine_tune(
@@ -420,7 +432,8 @@ def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
 def _token_stream(req: TrainRequest) -> TokenStream:
     """The run's tokens, from their cache (prepared now, with a progress bar, if missing)."""
     return load_token_stream(req.data or CORPUS, tokenizer_dir=_data_tokenizer(req),
-                             cache_dir=req.data_cache, progress=req.progress)  # fmt: skip
+                             cache_dir=req.data_cache, progress=req.progress,
+                             limit=LengthLimit(req.config.seq, req.truncation))  # fmt: skip
 
 
 def _data_tokenizer(req: TrainRequest) -> str | Path | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from slide.data_formats import TRUNCATION
 from slide.errors import UserError
 
 NAME = "data"
@@ -15,7 +16,7 @@ FORMATS = "JSONL, a JSON array, parquet, arrow, CSV or text (these need --tokeni
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
-    """--data, --tokenizer and --data-cache: shared with `slide train`."""
+    """--data, --tokenizer, --data-cache and --truncation: shared with `slide train`."""
     default = "" if required else " [the bundled corpus]"
     parser.add_argument(
         "--data", required=required, help=f"{FORMATS}, or a 1-D token-id .npy{default}"
@@ -26,6 +27,15 @@ def add_data_arguments(parser: argparse.ArgumentParser, *, required: bool = Fals
         help="directory of the token caches (the data tokenized once, memory-mapped) "
         "[~/.cache/slide/tokens]",
     )
+    parser.add_argument(
+        "--truncation",
+        choices=TRUNCATION,
+        default="truncate",
+        help="chat data ({messages: [{role, content}]}, rendered by the tokenizer's chat "
+        "template, trained on the assistant's turns): a conversation longer than --seq tokens "
+        "is cut to its first --seq (truncate) or left out (drop); the run says how many "
+        "[truncate]",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,12 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from slide.chat_data import LengthLimit
     from slide.data import load_token_stream
 
     if args.seq < 1:
         raise UserError(f"--seq must be a token count >= 1, got {args.seq}")
     stream = load_token_stream(args.data, tokenizer_dir=args.tokenizer,
-                               cache_dir=args.data_cache, progress=not args.no_progress)  # fmt: skip
+                               cache_dir=args.data_cache, progress=not args.no_progress,
+                               limit=LengthLimit(args.seq, args.truncation))  # fmt: skip
     print(f"tokens   {len(stream.ids):,} ({stream.targets:,} of them targets; largest id "
           f"{stream.max_id:,})")  # fmt: skip
     print(f"windows  {stream.windows(args.seq):,} of {args.seq} tokens (--seq {args.seq})")

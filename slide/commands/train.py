@@ -5,6 +5,10 @@ an `--out` holding someone else's files) is checked before the model's weights a
 Checkpoints are complete or absent (see slide/checkpoints.py); Ctrl-C finishes the step in
 flight, saves and exits 130; a second Ctrl-C aborts at once.
 
+`--config run.toml` takes every flag from a file (`slide.run_config`; typed flags win); the
+values the run resolved are written to OUT/config.toml and the first metrics line, so
+`--config OUT/config.toml` repeats the run.
+
 `--nproc N` trains N data-parallel ranks: this process checks the request, then starts them
 the torchrun way (`slide.launch`); a process torchrun started is one of the ranks.
 """
@@ -17,9 +21,9 @@ import logging
 import multiprocessing
 import signal
 from concurrent.futures import ProcessPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from slide import preflight
+from slide import preflight, run_config
 from slide.commands import train_inputs
 from slide.commands.common import (
     add_machine_overrides,
@@ -29,17 +33,26 @@ from slide.commands.common import (
     train_config,
 )
 from slide.commands.data import add_data_arguments
+from slide.commands.train_inputs import PLAN_FIXED
 from slide.errors import StopRun, UserError
 
 if TYPE_CHECKING:
     from executor.ranks import Ranks
     from slide.training import TrainRequest
 
+log = logging.getLogger(__name__)
 NAME = "train"
 HELP = "fine-tune all parameters of a model on one GPU or N (--nproc), sliding its layers"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        help="a TOML file of this command's flags (keys as the flags, without the dashes: "
+        "seq = 128, lr-schedule = 'cosine', no-shuffle = true); flags typed here override it. "
+        "The run's resolved flags are written to OUT/config.toml (--config OUT/config.toml "
+        "repeats the run) and the first --metrics line, and logged with -v",
+    )
     parser.add_argument(
         "--model",
         default="tiny-llama",
@@ -102,6 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps from the step reached (the LR jumps to that step's value on the new schedule)",
     )
     parser.add_argument("--metrics", help="write one JSON object per step to this .jsonl file")
+    parser.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also write each step's metrics (loss, lr, step time, tokens/s, ...) as "
+        "TensorBoard scalars into DIR (needs pip install 'slide[tensorboard]')",
+    )
     parser.add_argument("--trace", help="write the measured Chrome trace JSON here")
     parser.add_argument(
         "--trace-steps",
@@ -136,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     resolved = train_inputs.resolve(args)
     preflight.check_train(args, resolved)
     world = launch.torchrun_world()
-    request = _request(args, train_inputs.notices(args, resolved))
+    request = _request(args, train_inputs.notices(args, resolved), _run_config(args))
     if world is None and args.nproc not in (None, 1):
         # nothing starts before the request is checked; on CUDA the check may measure the GPU
         # (--machine auto), so it runs in a process of its own whose CUDA context ends with it
@@ -193,7 +212,18 @@ def _train(args: argparse.Namespace, request: TrainRequest, ranks: Ranks | None)
     return 0
 
 
-def _request(args: argparse.Namespace, notices: list[str]) -> TrainRequest:
+def _run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags' values the run resolved (a checkpoint's where it resumes), as config keys;
+    beside --plan, none of those the plan fixes (they would be refused when read back)."""
+    flags = run_config.resolved(args, add_arguments)
+    if args.plan:
+        flags = {k: v for k, v in flags.items() if k.replace("-", "_") not in PLAN_FIXED}
+    log.info("slide train, resolved config (--config reads it back):\n%s",
+             run_config.to_toml(flags).rstrip())  # fmt: skip
+    return flags
+
+
+def _request(args: argparse.Namespace, notices: list[str], flags: dict[str, Any]) -> TrainRequest:
     from slide.training import TrainRequest
 
     return TrainRequest(
@@ -206,6 +236,7 @@ def _request(args: argparse.Namespace, notices: list[str]) -> TrainRequest:
         data=args.data,
         tokenizer=args.tokenizer,
         data_cache=args.data_cache,
+        truncation=args.truncation,
         shuffle=not args.no_shuffle,
         seed=args.seed,
         device=args.device,
@@ -224,6 +255,7 @@ def _request(args: argparse.Namespace, notices: list[str]) -> TrainRequest:
         extend_schedule=args.extend_schedule,
         nvme_dirs=nvme_dirs(args),
         metrics=args.metrics,
+        tensorboard=args.tensorboard,
         trace=args.trace,
         trace_steps=preflight.step_range(args.trace_steps) if args.trace_steps else None,
         log_every=args.log_every,
@@ -232,6 +264,7 @@ def _request(args: argparse.Namespace, notices: list[str]) -> TrainRequest:
         progress=not args.no_progress,
         replan=not args.no_replan,
         notices=tuple(notices),
+        run_config=flags,
     )
 
 
