@@ -26,6 +26,7 @@ from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.recording import default_trace_steps
 from executor.run import Engine, Hooks, InfeasiblePlanError, Options, Start, TrainResult
+from slide.calibration.auto_machine import refit_cache
 from slide.errors import UserError
 from slide_ir.planning import refit
 from slide_ir.planning.data_parallel import check_nproc, plan_data_parallel, shard_plan
@@ -68,6 +69,7 @@ def train(
     on_finish: OnSave | None = None,
     hand_back: bool = True,
     replan_request: TrainConfig | None = None,
+    refit_profile: bool = False,
     ranks: Ranks | None = None,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps (`executor.run` says what
@@ -79,7 +81,9 @@ def train(
     faster, moves into it (`meta["replan"]` says what was decided and why). The move holds the
     old and the new engine's host memory at once, so it is made only when the machine's RAM
     holds both, and only when the steps left are predicted to save more than the move costs
-    (`MOVE_COST_PER_SETUP` times this run's set-up)."""
+    (`MOVE_COST_PER_SETUP` times this run's set-up). `refit_profile`: the re-fit rates are
+    written back into this host's cached `--machine auto` profile, for the next run to plan
+    with from its first step."""
     if ranks is not None and replan_request is not None:
         raise ValueError("re-planning is for one process: data-parallel ranks keep their plan")
     dev, dtype = _device(device, dtype)
@@ -124,6 +128,8 @@ def train(
         raise
     if checked is not None:
         result.meta["replan"] = checked.summary()
+        if refit_profile and checked.factors:
+            refit_cache(dev, checked.factors)
     return result
 
 

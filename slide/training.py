@@ -280,6 +280,7 @@ def _fine_tune(
                 on_finish=final_save,
                 hand_back=False,
                 replan_request=replan_request,
+                refit_profile=req.machine == "auto",
                 ranks=ranks,
             )
             stop.finishing()
@@ -299,11 +300,6 @@ def _fine_tune(
     finally:
         reporter.close()
     last = ckpt.last if ckpt else None
-    factors = result.meta.get("replan", {}).get("factors") if result else None
-    if factors and req.machine == "auto":
-        from slide.calibration.auto_machine import refit_cache
-
-        refit_cache(torch.device(req.device or "cuda"), factors)
     with phases("report"):
         summary = finish(req, result, reporter, done, planned.machine, last,
                          interrupted=stop.requested, nproc=ranks.nproc if ranks else 1)  # fmt: skip

@@ -141,3 +141,16 @@ def test_a_lane_bound_by_its_floors_refits_the_floors_not_the_rates():
     assert doubled.gpu.layer_bwd_floor_s == 3e-3 and doubled.gpu.layer_fwd_floor_s == 1e-3
     assert doubled.gpu.bf16_matmul_tflops == m.gpu.bf16_matmul_tflops
     assert "measured ops it bounds: x 2.0000" in doubled.source("gpu.layer_bwd_floor_s")
+
+
+def test_the_session_writes_the_refit_into_the_host_profile(monkeypatch):
+    """`refit_profile`: the check's factors go to the cached profile once, after the run."""
+    monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {"cpu": 1.5})
+    _as_rate_bound(monkeypatch)
+    written = []
+    monkeypatch.setattr(session, "refit_cache", lambda device, factors: written.append(factors))
+    kwargs = {"replan_request": REQUEST, "refit_profile": True}
+    result = run_executor(False, placement="fast", train_kwargs=kwargs)
+    assert written == [result.meta["replan"]["factors"]] and written[0]["cpu"] == 1.5
+    run_executor(False, placement="fast", train_kwargs={"replan_request": REQUEST})
+    assert len(written) == 1  # without it, the profile is left alone
