@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+# `--placement small`: the search would keep the tiny model's whole state on the "GPU", none on disk
 TRAIN = [sys.executable, "-m", "slide", "train", "--device", "cpu", "--no-progress", "--batch",
-         "2", "--seq", "32", "--optimizer", "nvme", "--cpu-threads", "1"]  # fmt: skip
+         "2", "--seq", "32", "--optimizer", "nvme", "--placement", "small", "--cpu-threads", "1"]  # fmt: skip
 
 
 def killed_while_training(argv: list[str], env: dict[str, str], file_in: Path) -> None:
