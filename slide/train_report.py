@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from executor.phases import Phases
 from executor.run import TrainResult
+from slide import json_out
 from slide.fileio import write_atomic
 from slide_ir.ir.trace import Metrics, to_chrome_trace, trace_metrics
 from slide_ir.specs.hardware import Machine
@@ -91,7 +92,9 @@ class Reporter:
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
         if self.metrics:
-            self.metrics.write(json.dumps({"step": step, "loss": loss, "lr": lr, **metrics}) + "\n")
+            self.metrics.write(
+                json_out.dumps({"step": step, "loss": loss, "lr": lr, **metrics}) + "\n"
+            )
             self.metrics.flush()
 
     def close(self) -> None:
@@ -128,7 +131,7 @@ def finish(
     """Trace files and the summary of this invocation (aggregates, not per-step lists). Data
     parallel: the trace is rank 0's; tokens/s counts every rank's rows."""
     if req.trace:
-        write_atomic(req.trace, json.dumps(to_chrome_trace(result.trace)))
+        write_atomic(req.trace, json_out.dumps(to_chrome_trace(result.trace)))
     if req.save_trace:
         write_atomic(req.save_trace, result.trace.to_json())
     if req.gantt:

@@ -12,14 +12,13 @@ the torchrun way (`slide.launch`); a process torchrun started is one of the rank
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import multiprocessing
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING
 
-from slide import preflight
+from slide import json_out, preflight
 from slide.commands import train_inputs
 from slide.commands.common import (
     add_machine_overrides,
@@ -182,7 +181,7 @@ def _train(args: argparse.Namespace, request: TrainRequest, ranks: Ranks | None)
         if summary["interrupted"]:
             raise StopRun("", code=130)  # rank 0 says what it saved
         return 0
-    print(json.dumps(summary, indent=2))
+    print(json_out.dumps(summary, indent=2))
     if summary["interrupted"]:
         saved = (
             f"checkpoint {summary['checkpoint']}; continue with --resume {args.out}"
