@@ -64,7 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_arguments(parser)
     parser.add_argument("--no-shuffle", action="store_true", help="take samples in file order")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", choices=("cpu", "cuda"), help="[cuda if available]")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="cpu: the same graph on the host, bitwise reproducible run to run (README: 'Bitwise here means') [cuda if available]",
+    )
     parser.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
