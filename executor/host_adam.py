@@ -123,6 +123,13 @@ def _build(target: str) -> Kernel:
 
     _ninja_on_path()
     _clear_stale_lock(name)
+    # a first run otherwise sits silent through the build (its step 1 pays for what is left)
+    log.warning(
+        "building the host AdamW kernel for this CPU (%s), once per host and torch version: "
+        "~10-20 s; cached in %s",
+        target,
+        _extensions_dir() / name,
+    )
     flags = [*BASE_FLAGS, *ISA_FLAGS[target]]
     cpp_extension.load(
         name=name,

@@ -111,12 +111,19 @@ def embed(ids: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
 def embed_backward(
     ids: torch.Tensor, grad_out: torch.Tensor, grad_weight: torch.Tensor, *, accumulate: bool
 ) -> None:
-    """grad_weight (V, H) (+)= scatter-add of grad_out (B, S, H) rows at ids. index_put_ with
-    accumulate sorts the indices on CUDA: deterministic, fp32 sums of repeated tokens."""
+    """grad_weight (V, H) (+)= scatter-add of grad_out (B, S, H) rows at ids, the same sums in
+    the same order on every run. index_put_ with accumulate sorts the indices on CUDA
+    (deterministic fp32 sums of repeated tokens); on the CPU its threads add into shared rows in
+    whatever order they get there, so two runs' embedding gradients differed in the last bit.
+    index_add_ along dim 0 adds the rows in token order there, at any thread count."""
     if not accumulate:
         grad_weight.zero_()
     h = grad_weight.shape[1]
-    grad_weight.index_put_((ids.reshape(-1),), grad_out.reshape(-1, h), accumulate=True)
+    rows, grads = ids.reshape(-1), grad_out.reshape(-1, h)
+    if grad_weight.is_cuda:
+        grad_weight.index_put_((rows,), grads, accumulate=True)
+    else:
+        grad_weight.index_add_(0, rows, grads)
 
 
 def head_loss(

@@ -2,9 +2,15 @@
 
 `plot_gantt` draws any `Trace`, predicted or measured, the same way: one row per lane (gpu, h2d,
 d2h, cpu, nvme0..k), ops coloured by kind, layer numbers on bars wide enough to hold them, the
-steady-state step shaded, and below it one memory-over-time panel per tier. Deep models (88
-layers x 9 ops x 3 steps) are unreadable in full, so by default a trace of more than
-`ZOOM_LAYERS` decoder layers is zoomed to its first steady step (`zoom="all"` draws everything).
+steady-state step shaded, and below it one memory-over-time panel per tier: gpu, host (pinned
+and pageable together, the figure `slide plan` and `slide simulate` print as CPU; the pinned part
+drawn darker) and nvme, all in GiB. Deep models (88 layers x 9 ops x 3 steps) are unreadable in
+full, so by default a trace of more than `ZOOM_LAYERS` decoder layers is zoomed to its first
+steady step (`zoom="all"` draws everything). A measured first step that took more than
+`WARMUP_FACTOR` steady steps (the one-time host AdamW kernel build, allocator and library
+warm-up) would squeeze every other step into a sliver, so "auto" leaves it out and the title says
+how long it took. A CPU-mode run (the executor without CUDA) computes on the host: its lanes and
+memory panels say so rather than "gpu".
 
 `plot_sweep` draws throughput against a swept variable, with the compute-only peak and eta.
 """
@@ -24,6 +30,7 @@ from matplotlib.patches import Patch
 from slide_ir.ir.trace import Span, Trace, lane_order
 
 ZOOM_LAYERS = 32
+WARMUP_FACTOR = 3.0
 GIB = 2**30
 KIND_COLOURS = {
     "fwd": "#4c72b0",
@@ -47,7 +54,7 @@ KIND_COLOURS = {
     "all_gather": "#8c8c8c",
     "all_reduce": "#5a5a5a",
 }
-TIER_ORDER = ("gpu", "pinned", "cpu", "nvme")
+TIER_ORDER = ("gpu", "host", "nvme")
 
 
 def step_window(trace: Trace, step: int) -> tuple[float, float]:
@@ -80,11 +87,15 @@ def plot_gantt(
     steady = _steady_step(trace)
     if zoom == "auto":
         zoom = steady if trace.info.num_layers > ZOOM_LAYERS and len(trace.steps()) > 1 else "all"
-    if zoom == "all":
-        lo, hi = min(s.start for s in trace.spans), max(s.end for s in trace.spans)
-    else:
+    warmup = _warmup_left_out(trace) if zoom == "all" else None
+    if zoom != "all":
         lo, hi = step_window(trace, int(zoom))
-    tiers = [t for t in TIER_ORDER if any(m.tier == t for m in trace.memory)]
+    elif warmup is not None:
+        lo, hi = step_window(trace, warmup[0] + 1)[0], max(s.end for s in trace.spans)
+    else:
+        lo, hi = min(s.start for s in trace.spans), max(s.end for s in trace.spans)
+    memory = tier_samples(trace)
+    tiers = [t for t in TIER_ORDER if t in memory]
     fig, axes = plt.subplots(
         1 + len(tiers),
         1,
@@ -93,14 +104,14 @@ def plot_gantt(
         gridspec_kw={"height_ratios": [max(2, len(trace.lanes()))] + [1.2] * len(tiers)},
         squeeze=False,
     )
-    _draw_lanes(axes[0][0], trace, lo, hi, fig)
+    _draw_lanes(axes[0][0], trace, lo, hi, fig, on_host=on_host(trace))
     if len(trace.steps()) > 1:
         a, b = step_window(trace, steady)
         for row in axes:
             row[0].axvspan(a, b, color="#999999", alpha=0.12, zorder=0)
         axes[0][0].text(a, -0.6, f" steady step {steady}", va="bottom", fontsize=8, color="#555")
     for ax_row, tier in zip(axes[1:], tiers, strict=True):
-        _draw_memory(ax_row[0], trace, tier, lo, hi)
+        _draw_memory(ax_row[0], memory[tier], _tier_label(tier, on_host(trace)), hi)
     axes[-1][0].set_xlabel("time (s)")
     axes[-1][0].set_xlim(lo, hi)
     info = trace.info
@@ -108,12 +119,68 @@ def plot_gantt(
         title
         or f"{info.schedule}: {info.model} on {info.machine}, batch {info.batch} x seq {info.seq}"
         + ("" if zoom == "all" else f" (step {zoom})")
+        + ("" if warmup is None else _warmup_note(*warmup))
     )
     fig.tight_layout()
     return _save(fig, path)
 
 
-def _draw_lanes(ax: plt.Axes, trace: Trace, lo: float, hi: float, fig: plt.Figure) -> None:
+def on_host(trace: Trace) -> bool:
+    """A CPU-mode run: the executor without CUDA, whose "gpu" lane and pools are host memory."""
+    return trace.meta.get("engine") == "executor" and trace.meta.get("device") == "cpu"
+
+
+def _warmup_left_out(trace: Trace) -> tuple[int, float] | None:
+    """(first step, its seconds) when a measured trace's first step took more than
+    `WARMUP_FACTOR` times its steady step, else None (predicted traces have no warm-up)."""
+    steps = trace.steps()
+    if trace.meta.get("engine") != "executor" or len(steps) < 2:
+        return None
+    first = step_window(trace, steps[0])
+    a, b = step_window(trace, _steady_step(trace))
+    took = first[1] - first[0]
+    return (steps[0], took) if took > WARMUP_FACTOR * (b - a) else None
+
+
+def _warmup_note(step: int, seconds: float) -> str:
+    return (
+        f"\nstep {step} left out: {seconds:.1f} s of one-time warm-up (the host AdamW kernel's "
+        "build on a first run, allocator and library start-up); zoom='all' draws it"
+    )
+
+
+def _tier_label(tier: str, host_run: bool) -> str:
+    if tier == "gpu" and host_run:
+        return "device buffers\n(host RAM, CPU mode)\nGiB"
+    return f"{tier}\nGiB"
+
+
+def tier_samples(trace: Trace) -> dict[str, list[tuple[float, int, int]]]:
+    """Per panel tier, (time, bytes, pinned bytes) in time order. The host panel sums the
+    trace's `pinned` and `cpu` tiers at every instant either changes."""
+    out: dict[str, list[tuple[float, int, int]]] = {}
+    for tier in ("gpu", "nvme"):
+        rows = sorted((m.time, m.bytes) for m in trace.memory if m.tier == tier)
+        if rows:
+            out[tier] = [(t, b, 0) for t, b in rows]
+    host = sorted((m.time, m.tier, m.bytes) for m in trace.memory if m.tier in ("pinned", "cpu"))
+    now = {"pinned": 0, "cpu": 0}
+    series: list[tuple[float, int, int]] = []
+    for t, tier, b in host:
+        now[tier] = b
+        row = (t, now["pinned"] + now["cpu"], now["pinned"])
+        if series and series[-1][0] == t:  # the other host tier changed at the same instant
+            series[-1] = row
+        else:
+            series.append(row)
+    if series:
+        out["host"] = series
+    return out
+
+
+def _draw_lanes(
+    ax: plt.Axes, trace: Trace, lo: float, hi: float, fig: plt.Figure, *, on_host: bool = False
+) -> None:
     lanes = lane_order(trace.lanes())
     row = {lane: i for i, lane in enumerate(lanes)}
     visible = [s for s in trace.spans if s.end >= lo and s.start <= hi]
@@ -124,7 +191,8 @@ def _draw_lanes(ax: plt.Axes, trace: Trace, lo: float, hi: float, fig: plt.Figur
         colour = KIND_COLOURS.get(kind, "#777777")
         ax.broken_barh(bars, (row[lane] - 0.4, 0.8), facecolors=colour, edgecolor="white", lw=0.3)
     _label_layers(ax, visible, row, hi - lo, fig)
-    ax.set_yticks(range(len(lanes)), lanes)
+    names = {"gpu": "compute\n(on the CPU)"} if on_host else {}
+    ax.set_yticks(range(len(lanes)), [names.get(lane, lane) for lane in lanes])
     ax.set_ylim(len(lanes) - 0.5, -0.7)
     kinds = [k for k in KIND_COLOURS if any(s.kind == k for s in visible)]
     ax.legend(
@@ -158,16 +226,21 @@ def _label_layers(
             )
 
 
-def _draw_memory(ax: plt.Axes, trace: Trace, tier: str, lo: float, hi: float) -> None:
-    samples = sorted((m.time, m.bytes) for m in trace.memory if m.tier == tier)
-    times = [t for t, _ in samples] + [max(hi, samples[-1][0])]
-    values = [b / GIB for _, b in samples]
+def _draw_memory(
+    ax: plt.Axes, samples: list[tuple[float, int, int]], label: str, hi: float
+) -> None:
+    times = [t for t, _, _ in samples] + [max(hi, samples[-1][0])]
+    values = [b / GIB for _, b, _ in samples]
     ax.stairs(values, times, fill=True, color="#4c72b0", alpha=0.5)
+    pinned = [p / GIB for _, _, p in samples]
+    if any(pinned):
+        ax.stairs(pinned, times, fill=True, color="#2b4c7e", alpha=0.6, label="pinned")
+        ax.legend(loc="upper left", fontsize=7, frameon=False)
     peak = max(values)
-    ax.set_ylabel(f"{tier}\nGiB", fontsize=8)
+    ax.set_ylabel(label, fontsize=8)
     ax.set_ylim(0, peak * 1.15 if peak > 0 else 1)
     ax.text(
-        0.995, 0.9, f"peak {peak:.2f} GiB", transform=ax.transAxes, ha="right", va="top", fontsize=8
+        0.995, 0.9, f"peak {peak:.3g} GiB", transform=ax.transAxes, ha="right", va="top", fontsize=8
     )
 
 

@@ -14,8 +14,6 @@ from slide_ir.planning.placement import PlacementChoice
 from slide_ir.planning.planner import Plan
 from slide_ir.specs.hardware_parts import GIB
 
-GB = 1e9
-
 
 def plan_summary(p: Plan) -> dict[str, Any]:
     """The `--json` form: stable keys other tools read."""
@@ -125,8 +123,8 @@ def _drive_lines(p: Plan, nvme_dirs: tuple[str, ...]) -> list[str]:
     drives = p.machine.nvme
     where = nvme_dirs or Path(tempfile.gettempdir()) / "<a new directory>"
     lines = [
-        f"      {path!s:48s} {held.bytes / GB:8.2f} GB (optimizer state "
-        f"{held.state_bytes / GB:.2f}, layer inputs {held.act_bytes / GB:.2f}) on {drive.name}"
+        f"      {path!s:48s} {held.bytes / GIB:8.2f} GiB (optimizer state "
+        f"{held.state_bytes / GIB:.2f}, layer inputs {held.act_bytes / GIB:.2f}) on {drive.name}"
         for path, held, drive in zip(
             drive_paths(where, len(drives)),
             drive_contents(p.graph, len(drives)),
@@ -163,23 +161,25 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
             continue
         pinned = ""
         if tier == "cpu":
-            ram = p.machine.ram_bytes / GIB  # in --ram-gb's unit
-            pinned = f" (pinned {led.pinned_bytes() / GB:.1f} GB; usable = {ram:.1f} GiB RAM less {c.host_margin:.0%})"
-        mark = "ok" if peak <= cap else f"OVER by {(peak - cap) / GB:.1f} GB"
-        lines.append(f"{tier.upper():5s} {peak / GB:8.1f} GB of {cap / GB:.1f} GB{pinned}  {mark}")
+            ram = p.machine.ram_bytes / GIB
+            pinned = f" (pinned {led.pinned_bytes() / GIB:.1f} GiB; usable = {ram:.1f} GiB RAM less {c.host_margin:.0%})"
+        mark = "ok" if peak <= cap else f"OVER by {(peak - cap) / GIB:.1f} GiB"
+        lines.append(
+            f"{tier.upper():5s} {peak / GIB:8.2f} GiB of {cap / GIB:.1f} GiB{pinned}  {mark}"
+        )
         for label, size in led.breakdown(tier).items():
-            lines.append(f"      {label:48s} {size / GB:8.2f} GB")
+            lines.append(f"      {label:48s} {size / GIB:8.2f} GiB")
         if tier == "nvme" and peak:
             lines += _drive_lines(p, nvme_dirs)
     lines.append("")
     if led.feasible:
         lines.append("verdict: fits")
     else:
-        over = ", ".join(f"{t} by {b / GB:.1f} GB" for t, b in led.overflows())
+        over = ", ".join(f"{t} by {b / GIB:.1f} GiB" for t, b in led.overflows())
         lines.append(f"verdict: does not fit ({over}). What would make it fit:")
         lines += [f"  - {s}" for s in advice(p)]
     others = "; ".join(
-        f"{name} GPU {b['gpu'] / GB:.1f} GB, host {b['cpu'] / GB:.1f} GB"
+        f"{name} GPU {b['gpu'] / GIB:.1f} GiB, host {b['cpu'] / GIB:.1f} GiB"
         for name, b in baselines(p).items()
     )
     lines.append(f"for comparison, the same run needs: {others}")

@@ -13,8 +13,9 @@ from slide.report import plan_summary, render_placement
 from slide_ir.ir.graph import OpKind
 from slide_ir.planning.data_parallel import DataParallelPlan
 from slide_ir.planning.ledger import REPORT_TIERS
+from slide_ir.specs.hardware_parts import GIB
 
-GB = 1e9
+GB = 1e9  # bytes moved per step, beside the GB/s they move at; sizes held are GiB
 
 
 def dp_plan_summary(dp: DataParallelPlan) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def render_dp_plan(dp: DataParallelPlan) -> str:
     if dp.feasible:
         lines.append("verdict: fits")
     else:
-        over = ", ".join(f"{t} by {b / GB:.1f} GB" for t, b in dp.overflows())
+        over = ", ".join(f"{t} by {b / GIB:.1f} GiB" for t, b in dp.overflows())
         lines.append(f"verdict: does not fit ({over})")
     messages = _collective_bytes(dp)
     rs, ag = messages.get(OpKind.REDUCE_SCATTER, 0), messages.get(OpKind.ALL_GATHER, 0)
@@ -96,17 +97,19 @@ def _memory_lines(dp: DataParallelPlan) -> list[str]:
         if not rank and not cap:
             continue
         use = rank if tier == "gpu" else n * rank
-        where = "per rank" if tier == "gpu" else f"per host ({n} x {rank / GB:.1f} GB)"
-        mark = "ok" if use <= cap else f"OVER by {(use - cap) / GB:.1f} GB"
-        lines.append(f"{tier.upper():5s} {use / GB:8.1f} GB of {cap / GB:.1f} GB {where}  {mark}")
+        where = "per rank" if tier == "gpu" else f"per host ({n} x {rank / GIB:.1f} GiB)"
+        mark = "ok" if use <= cap else f"OVER by {(use - cap) / GIB:.1f} GiB"
+        lines.append(
+            f"{tier.upper():5s} {use / GIB:8.2f} GiB of {cap / GIB:.1f} GiB {where}  {mark}"
+        )
         sizes: dict[str, tuple[int, int]] = {}
         for t in dp.terms:
             if t.tier == tier:
                 a, b = sizes.get(t.label, (0, 0))
                 sizes[t.label] = (a + t.bytes, b + t.single)
         for label, (size, single) in sorted(sizes.items(), key=lambda kv: -kv[1][0]):
-            note = f"  (one GPU: {single / GB:.2f})" if size != single else ""
-            lines.append(f"      {label:48s} {size / GB:8.2f} GB per rank{note}")
+            note = f"  (one GPU: {single / GIB:.2f})" if size != single else ""
+            lines.append(f"      {label:48s} {size / GIB:8.2f} GiB per rank{note}")
     return lines
 
 
@@ -127,7 +130,7 @@ def render_dp_result(result: DataParallelResult) -> str:
             f"{d['net_bytes_per_step'] / GB:.2f} GB sent per rank per step",
             f"utilisation    {util} (rank 0); GPU in backward {s['gpu_bwd_util']:.0%}",
             f"bottleneck     {s['bottleneck']} (critical path: {path})",
-            f"memory         GPU {d['gpu_bytes_per_rank'] / GB:.1f} GB per rank, host RAM "
-            f"{d['host_bytes_per_host'] / GB:.1f} GB per host (ledger)",
+            f"memory         GPU {d['gpu_bytes_per_rank'] / GIB:.1f} GiB per rank, host RAM "
+            f"{d['host_bytes_per_host'] / GIB:.1f} GiB per host (ledger)",
         ]
     )

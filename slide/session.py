@@ -225,8 +225,8 @@ def _reason_to_stay(ran: Plan, check: refit.Replanned, steps_left: int, move_s: 
     assert check.plan is not None
     need = ran.ledger.peak_bytes("cpu") + check.plan.ledger.peak_bytes("cpu")
     if need > ran.machine.ram_bytes:
-        return (f"moving the state needs {need / 1e9:.1f} GB of RAM "
-                f"({ran.machine.ram_bytes / 1e9:.1f} GB)")  # fmt: skip
+        return (f"moving the state needs {need / 2**30:.1f} GiB of RAM "
+                f"({ran.machine.ram_bytes / 2**30:.1f} GiB)")  # fmt: skip
     saved = steps_left * (check.running_s - check.best_s)
     if saved < move_s:
         return (f"the {steps_left} steps left would save {saved:.1f} s, "

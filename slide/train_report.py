@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from executor.phases import Phases
 from executor.run import TrainResult
+from slide import json_out
 from slide.fileio import write_atomic
 from slide.tensorboard_scalars import Scalars
 from slide_ir.ir.trace import Metrics, to_chrome_trace, trace_metrics
@@ -100,7 +101,7 @@ class Reporter:
         if self.metrics:
             if self.losses.steps == 1 and self.req.run_config is not None:
                 row["config"] = self.req.run_config  # how the run was made, once
-            self.metrics.write(json.dumps(row) + "\n")
+            self.metrics.write(json_out.dumps(row) + "\n")
             self.metrics.flush()
         if self.scalars:
             self.scalars.write(step, row)
@@ -141,7 +142,7 @@ def finish(
     """Trace files and the summary of this invocation (aggregates, not per-step lists). Data
     parallel: the trace is rank 0's; tokens/s counts every rank's rows."""
     if req.trace:
-        write_atomic(req.trace, json.dumps(to_chrome_trace(result.trace)))
+        write_atomic(req.trace, json_out.dumps(to_chrome_trace(result.trace)))
     if req.save_trace:
         write_atomic(req.save_trace, result.trace.to_json())
     if req.gantt:

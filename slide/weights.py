@@ -255,7 +255,7 @@ def write_hf_model(
 ) -> list[str]:
     """config.json and the weights into an existing directory, every file fsynced. Returns the
     names of the files written (what `from_pretrained` reads)."""
-    write_text(directory / "config.json", json.dumps(spec.to_hf_config(), indent=2))
+    write_text(directory / "config.json", json.dumps(config_saying(spec, dtype), indent=2))
     shards: list[list[str]] = [[]]
     size = 0
     for name in param_names(spec):
@@ -282,6 +282,18 @@ def write_hf_model(
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     write_text(directory / "model.safetensors.index.json", json.dumps(index, indent=2))
     return ["config.json", "model.safetensors.index.json", *files]
+
+
+def config_saying(spec: ModelSpec, dtype: torch.dtype) -> dict[str, object]:
+    """The model's HF config with its dtype keys naming the dtype written: an input's
+    `"dtype": "bfloat16"` beside FP32 weights would make `from_pretrained(..., dtype="auto")`
+    load them as BF16 and tell the reader something the files do not hold."""
+    config = spec.to_hf_config()
+    written = str(dtype).removeprefix("torch.")
+    config["dtype"] = written
+    if "torch_dtype" in config:  # the key before transformers 4.56, still read
+        config["torch_dtype"] = written
+    return config
 
 
 def write_safetensors(

@@ -4,9 +4,9 @@ state and activations (CPU RAM or NVMe). Fitting is decided by the memory ledger
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from slide import json_out
 from slide.commands.common import DEFAULT_MACHINE, add_machine_overrides, drive_count
 from slide_ir.planning.capacity import capacity, placements
 from slide_ir.specs.config import ACTIVATION_PLACES, OPTIMIZER_PLACES, TrainConfig
@@ -14,7 +14,6 @@ from slide_ir.specs.hardware import load_machine
 
 NAME = "capacity"
 HELP = "largest model (catalog, and along each family's depth scaling) that fits a machine"
-GB = 1e9
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     out = {"machine": machine.name, "batch": args.batch, "seq": args.seq, "placements": results}
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json_out.dumps(out, indent=2))
     else:
         print(render(out))
     return 0

@@ -77,7 +77,7 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
     parser.add_argument(
         "--gpu-memory-gb",
         type=float,
-        help="use at most this much GPU memory (GB; for a shared GPU or a second job) [all of it]",
+        help="use at most this much GPU memory, in GiB (for a shared GPU or a second job) [all of it]",
     )
     parser.add_argument(
         "--activations",

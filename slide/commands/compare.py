@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from simulator.analyses import compare
+from slide import json_out
 from slide.commands.common import DEFAULT_MODEL, add_train_config, train_config
 from slide.errors import UserError
 from slide_ir.specs.hardware import load_machine
+from slide_ir.specs.hardware_parts import GIB
 from slide_ir.specs.model import load_model
 
 NAME = "compare"
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     machines = [load_machine(n) for n in dict.fromkeys(names)]
     rows = compare(load_model(args.model), machines, train_config(args))
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json_out.dumps(rows, indent=2))
     else:
         print(render(rows))
     return 0
@@ -50,7 +51,9 @@ def render(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         if not r["feasible"]:
-            over = ", ".join(f"{o['tier']} +{o['bytes_over'] / 1e9:.1f} GB" for o in r["overflows"])
+            over = ", ".join(
+                f"{o['tier']} +{o['bytes_over'] / GIB:.1f} GiB" for o in r["overflows"]
+            )
             lines.append(f"{r['rank']:>4d} {r['machine']:24s} does not fit ({over})")
             continue
         eta = "inf" if r["eta"] is None else f"{r['eta']:.2f}"

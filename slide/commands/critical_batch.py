@@ -9,9 +9,9 @@ phase (the pipeline is full in practice, cache-unit and buffer stalls included).
 from __future__ import annotations
 
 import argparse
-import json
 
 from simulator.analyses import MAX_BATCH, CriticalBatch, critical_batch
+from slide import json_out
 from slide.commands.common import add_model_machine, add_train_config, load_inputs, train_config
 
 NAME = "critical-batch"
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         "points": points,
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json_out.dumps(out, indent=2))
         return 0
     print(f"{model.name} on {machine.name}, seq {args.seq} ({args.schedule}, placement "
           f"{args.placement}{PLACEMENT_NOTE.get(args.placement, '')})")  # fmt: skip

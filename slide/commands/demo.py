@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 from pathlib import Path
 
 from simulator.run import simulate_plan
+from slide import json_out
 from slide.commands.simulate import render_result
 from slide.fileio import write_atomic
 from slide_ir.ir.trace import to_chrome_trace
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if result.trace is None:
         raise ValueError(f"the demo plan does not fit: {result.plan.ledger.overflows()}")
     write_atomic(out / "plan.json", plan_to_json(result.plan))
-    write_atomic(out / "trace.json", json.dumps(to_chrome_trace(result.trace)))
+    write_atomic(out / "trace.json", json_out.dumps(to_chrome_trace(result.trace)))
     from slide.gantt import plot_gantt
 
     plot_gantt(result.trace, out / "gantt.png", zoom="auto")

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from typing import Any
 
 from simulator.layout import simulate_layout
+from slide import json_out
 from slide.errors import UserError
 from slide_ir.layouts.cluster import Cluster, cluster_names, load_cluster
 from slide_ir.layouts.ledger import advice, build_layout_ledger
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         out = _search(spec, replace(lay, global_batch=lay.global_batch or lay.gpus), cluster, args)
     else:
         out = _plan(spec, lay, cluster)
-    print(json.dumps(out, indent=2) if args.json else render(out))
+    print(json_out.dumps(out, indent=2) if args.json else render(out))
     return 0
 
 

@@ -7,9 +7,8 @@ and suggestions, and written with `--out`), as `slide simulate` does; 2 for a us
 from __future__ import annotations
 
 import argparse
-import json
 
-from slide import preflight
+from slide import json_out, preflight
 from slide.commands.common import (
     add_model_machine,
     add_train_config,
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         write_atomic(args.out, plan_to_json(p))
     if args.json:
-        print(json.dumps(plan_summary(p), indent=2))
+        print(json_out.dumps(plan_summary(p), indent=2))
     else:
         print(render_plan(p, nvme_dirs(args)))
         if args.out:
@@ -73,5 +72,5 @@ def _run_data_parallel(args: argparse.Namespace) -> int:
         raise UserError("--out saves single-GPU plans only: drop --out, or --nproc")
     model, machine = load_inputs(args)
     dp = plan_data_parallel(model, machine, train_config(args), args.nproc)
-    print(json.dumps(dp_plan_summary(dp), indent=2) if args.json else render_dp_plan(dp))
+    print(json_out.dumps(dp_plan_summary(dp), indent=2) if args.json else render_dp_plan(dp))
     return 0 if dp.feasible else 1

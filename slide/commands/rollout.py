@@ -5,9 +5,9 @@ the training layout, the RL step on co-located or split pools; or `--search` ove
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from slide import json_out
 from slide.commands.layout import add_cluster_arguments
 from slide.errors import UserError
 from slide_ir.layouts.cluster import Cluster, load_cluster
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         eng = _engine(args, spec, cluster)
         out = _plan(spec, args, eng, work, cluster)
-    print(json.dumps(out, indent=2) if args.json else render(out))
+    print(json_out.dumps(out, indent=2) if args.json else render(out))
     return 0
 
 

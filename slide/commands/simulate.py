@@ -7,21 +7,20 @@ an infeasible plan is reported, never simulated. 2 for a user error, as for `sli
 from __future__ import annotations
 
 import argparse
-import json
 
 from simulator.data_parallel import DataParallelResult, simulate_data_parallel
 from simulator.run import SimResult, simulate_plan
-from slide import preflight
+from slide import json_out, preflight
 from slide.commands.common import add_model_machine, add_train_config, load_inputs, train_config
 from slide.commands.plan import add_nproc
 from slide.fileio import write_atomic
 from slide.report import render_placement, render_plan
 from slide.report_dp import render_dp_plan, render_dp_result
 from slide_ir.ir.trace import to_chrome_trace
+from slide_ir.specs.hardware_parts import GIB
 
 NAME = "simulate"
 HELP = "simulate a fine-tuning run: step time, tokens/s, eta, bottleneck, memory over time"
-GB = 1e9
 EXIT_CODES = (
     "exit status: 0 it fits and was simulated; 1 it does not fit (its plan is printed, with what "
     "overflows and what would fit, and nothing is simulated); 2 a user error (bad name, value or "
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if result.trace is not None:
         _write_outputs(args, result, zoom)
     if args.json:
-        print(json.dumps(result.summary(), indent=2))
+        print(json_out.dumps(result.summary(), indent=2))
     elif isinstance(result, DataParallelResult):
         print(render_dp_result(result) if result.feasible else render_dp_plan(result.dp))
     elif result.feasible:
@@ -92,7 +91,7 @@ def _write_outputs(
 ) -> None:
     assert result.trace is not None
     if args.trace:
-        write_atomic(args.trace, json.dumps(to_chrome_trace(result.trace)))
+        write_atomic(args.trace, json_out.dumps(to_chrome_trace(result.trace)))
     if args.save_trace:
         write_atomic(args.save_trace, result.trace.to_json())
     if args.gantt:
@@ -106,7 +105,10 @@ def render_result(result: SimResult) -> str:
     eta = "n/a (nothing offloaded)" if s["eta"] is None else f"{s['eta']:.2f}"
     util = ", ".join(f"{lane} {u:.0%}" for lane, u in s["lane_util"].items())
     path = ", ".join(f"{lane} {t:.3g} s" for lane, t in s["critical_path_s"].items())
-    mem = ", ".join(f"{t} {b / GB:.1f} GB" for t, b in s["memory"].items() if b)
+    # the ledger's figure (every slot reserved before the first op, as the executor does) is the
+    # one `slide plan` prints; the simulated slots in use, what the Gantt's panels draw, stay below it
+    mem = ", ".join(f"{t} {b / GIB:.2f} GiB" for t, b in s["ledger"].items() if b)
+    used = ", ".join(f"{t} {b / GIB:.2f}" for t, b in s["memory"].items() if b)
     return "\n".join(
         [
             f"{s['model']} on {s['machine']} ({s['schedule']}): batch {s['batch']} x seq {s['seq']}",
@@ -120,6 +122,6 @@ def render_result(result: SimResult) -> str:
             f" T_update {s['t_update_s'] * 1e3:.1f} ms per layer",
             f"utilisation    {util}; GPU in backward {s['gpu_bwd_util']:.0%}",
             f"bottleneck     {s['bottleneck']} (critical path: {path})",
-            f"peak memory    {mem}",
+            f"peak memory    {mem} (as planned: every slot reserved; slots in use peak at {used})",
         ]
     )

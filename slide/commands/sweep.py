@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -20,7 +19,7 @@ from typing import Any
 from tqdm import tqdm
 
 from simulator.run import simulate_plan
-from slide import preflight
+from slide import json_out, preflight
 from slide.commands.common import (
     DEFAULT_MACHINE,
     DEFAULT_MODEL,
@@ -124,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         r["series"] = " ".join(series_label(k, r[k]) for k in varying)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json_out.dumps(rows, indent=2))
     else:
         print(render_table(rows))
     if args.plot:

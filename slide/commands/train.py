@@ -16,14 +16,13 @@ the torchrun way (`slide.launch`); a process torchrun started is one of the rank
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import multiprocessing
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from slide import preflight, run_config
+from slide import json_out, preflight, run_config
 from slide.commands import train_inputs
 from slide.commands.common import (
     add_machine_overrides,
@@ -78,7 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_arguments(parser)
     parser.add_argument("--no-shuffle", action="store_true", help="take samples in file order")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", choices=("cpu", "cuda"), help="[cuda if available]")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="cpu: the same graph on the host, bitwise reproducible run to run (README: 'Bitwise here means') [cuda if available]",
+    )
     parser.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
@@ -201,7 +204,7 @@ def _train(args: argparse.Namespace, request: TrainRequest, ranks: Ranks | None)
         if summary["interrupted"]:
             raise StopRun("", code=130)  # rank 0 says what it saved
         return 0
-    print(json.dumps(summary, indent=2))
+    print(json_out.dumps(summary, indent=2))
     if summary["interrupted"]:
         saved = (
             f"checkpoint {summary['checkpoint']}; continue with --resume {args.out}"

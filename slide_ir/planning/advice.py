@@ -11,8 +11,6 @@ from slide_ir.specs.hardware import Machine, with_drives
 from slide_ir.specs.hardware_parts import GIB
 from slide_ir.specs.model import ModelSpec
 
-GB = 1e9
-
 
 def suggest_fixes(
     model: ModelSpec, machine: Machine, config: TrainConfig, ledger: Ledger
@@ -34,8 +32,8 @@ def suggest_fixes(
                 out.append("use two GPU cache units (--cache-units 2)")
             elif not batch and (both := _largest_batch(model, machine, two)):
                 out.append(f"two GPU cache units and batch {both} (--cache-units 2 --batch {both})")
-        need = ledger.peak_bytes("gpu") / GB
-        out.append(f"use a GPU with at least {need:.1f} GB")
+        need = ledger.peak_bytes("gpu") / GIB
+        out.append(f"use a GPU with at least {need:.1f} GiB")
     if "cpu" in over:
         trial = machine if machine.nvme else with_drives(machine, 1)
         extra = "" if machine.nvme else " --nvme 1"
@@ -48,7 +46,9 @@ def suggest_fixes(
         ram = math.ceil(ledger.peak_bytes("cpu") / (1.0 - config.host_margin) / GIB)
         out.append(f"more host RAM: at least {ram} GiB (--ram-gb {ram})")
     if "nvme" in over:
-        out.append(f"more NVMe capacity: {ledger.peak_bytes('nvme') / GB:.0f} GB needed (--nvme N)")
+        out.append(
+            f"more NVMe capacity: {ledger.peak_bytes('nvme') / GIB:.0f} GiB needed (--nvme N)"
+        )
     return out
 
 

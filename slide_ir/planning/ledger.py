@@ -226,7 +226,7 @@ def gpu_capacity(machine: Machine, config: TrainConfig) -> int:
     own = machine.gpu.memory_bytes
     if config.gpu_memory_gb is None:
         return int(own)
-    return int(min(own, config.gpu_memory_gb * 1e9))
+    return int(min(own, config.gpu_memory_gb * GIB))
 
 
 def gpu_budget(machine: Machine, config: TrainConfig) -> float:
@@ -278,8 +278,8 @@ def _common_gpu_terms(
         1,
         max(layer, lce, flush[0]),
         "compute workspace (layer or fused LCE)",
-        f"max(one layer's recompute+backward at b{b} s{s} = {layer / 1e9:.2f} GB, "
-        f"{chunk}-token bf16 logits chunk + bf16 LM-head and hidden grads = {lce / 1e9:.2f} GB"
+        f"max(one layer's recompute+backward at b{b} s{s} = {layer / GIB:.2f} GiB, "
+        f"{chunk}-token bf16 logits chunk + bf16 LM-head and hidden grads = {lce / GIB:.2f} GiB"
         f"{flush[1]})",
         role=R.WORKSPACE,
     )
@@ -468,7 +468,7 @@ def _tape_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
     b, s = config.batch, config.seq
     tape = model.layer_tape_bytes(b, s)
     terms.add("gpu_tapes", Tier.GPU, k, tape, "kept layer tapes (no recompute)",
-              f"{k} x one layer's input + saved tensors at b{b} s{s} = {tape / 1e9:.2f} GB",
+              f"{k} x one layer's input + saved tensors at b{b} s{s} = {tape / GIB:.2f} GiB",
               role=R.TAPE)  # fmt: skip
 
 
@@ -516,7 +516,7 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
     n_all, big, bucket = model.total_params, largest_param(model), config.reduce_bucket
     # a flush casts each parameter's gradient to FP64 (its norm), then to FP32 (the copy down),
     # one parameter at a time on the compute stream, between layers: the workspace serves it
-    flush = (big * 8, f", fp64 copy of the largest parameter's gradient = {big * 8 / 1e9:.2f} GB")
+    flush = (big * 8, f", fp64 copy of the largest parameter's gradient = {big * 8 / GIB:.2f} GiB")
     _common_gpu_terms(terms, model, config, flush)
     _activation_terms(terms, model, config, drives)
     terms.add(

@@ -126,7 +126,7 @@ class TrainConfig:
             isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap < 1e6
         ):
             raise ValueError(
-                f"gpu_memory_gb must be a number of GB > 0 (or None: the GPU's memory), "
+                f"gpu_memory_gb must be a number of GiB > 0 (or None: the GPU's memory), "
                 f"got {self.gpu_memory_gb!r}"
             )
         if self.grad_buffers is not None and self.grad_buffers < 1:

@@ -225,3 +225,19 @@ def test_failed_build_falls_back_and_logs_once(
         assert host_adam.kernel() is None
     (record,) = caplog.records
     assert "c++: error: command not found" in record.getMessage()
+
+
+def test_a_build_says_so_and_where_it_is_cached(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path
+) -> None:
+    """A first run's ~17 s compile is one line at the default log level, naming the cache."""
+    from torch.utils import cpp_extension
+
+    assert host_adam.kernel() is not None  # the op is registered: the stubbed build returns it
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(host_adam, "_load_built", lambda name: False)
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: None)
+    with caplog.at_level("WARNING", logger="executor.host_adam"):
+        host_adam._build("portable")
+    (line,) = [r.getMessage() for r in caplog.records if "building" in r.getMessage()]
+    assert "once per host" in line and str(tmp_path / "slide_host_adam_portable") in line

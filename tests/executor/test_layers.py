@@ -88,3 +88,29 @@ def test_model_loss_and_grads_match_transformers(arch: str) -> None:
         for name, view in lay[unit].hf_views(g).items():
             want = ref_grads[name] if name in ref_grads else ref_grads["lm_head.weight"]
             torch.testing.assert_close(view, want, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_cpu_embedding_gradient_is_the_same_bits_every_time():
+    """Many repeated tokens, two threads: index_put_'s CPU threads added into shared rows in
+    varying order (last-bit differences between runs); the gradient is now one fixed sum."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (4, 2048), generator=gen)
+    grad_out = torch.randn(4, 2048, 64, generator=gen)
+
+    def grad(threads):
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            g = torch.zeros(64, 64)
+            layers.embed_backward(ids, grad_out, g, accumulate=False)
+            return g
+        finally:
+            torch.set_num_threads(previous)
+
+    first = grad(2)
+    assert all(torch.equal(first, grad(2)) for _ in range(30))
+    assert torch.equal(first, grad(1))
+    expected = torch.zeros(64, 64, dtype=torch.float64).index_add_(
+        0, ids.reshape(-1), grad_out.reshape(-1, 64).double()
+    )
+    torch.testing.assert_close(first, expected.float(), rtol=1e-5, atol=1e-4)  # fp32 sums of ~128

@@ -62,3 +62,16 @@ def test_bad_nproc_is_one_clear_line(capsys, command, argv, message):
     code, out, err = run(capsys, command, *TINY, "--batch", "4", *argv)
     assert code == 2 and out == ""
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_readme_example_says_the_link_its_plan_uses(capsys):
+    """The README's multi-GPU example and its plan agree on the interconnect."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    example = "slide plan --model llama-3.1-8b --machine h200-16c-128g --batch 32 --nproc 4"
+    comment = readme[: readme.index(example)].rsplit("# several GPUs of one node", 1)[1]
+    code, out, _ = run(capsys, *example.split()[1:])
+    link = next(line for line in out.splitlines() if line.startswith("interconnect"))
+    assert code == 0 and link.startswith("interconnect NVLink, 370 GB/s")
+    assert "NVLink (370 GB/s" in comment and "PCIe 5.0 for the host link" in comment

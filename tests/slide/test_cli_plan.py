@@ -71,8 +71,8 @@ def test_plan_human_output_is_fast_and_names_terms(capsys):
     )
     assert time.perf_counter() - start < 2.0
     assert code == 0
-    assert "fp32 master weights" in out and "32.12 GB" in out
-    assert "Adam moments" in out and "64.24 GB" in out
+    assert "fp32 master weights" in out and "29.92 GiB" in out
+    assert "Adam moments" in out and "59.83 GiB" in out
     assert "verdict: fits" in out
 
 
@@ -114,8 +114,8 @@ def test_gpu_memory_cap_is_respected_and_reported(capsys):
     argv = ("plan", "--model", "llama-3.1-8b", "--machine", "h200-16c-128g", "--json")
     code, out, _ = run(capsys, *argv, "--gpu-memory-gb", "40")
     doc = json.loads(out)
-    assert code == 0 and doc["memory"]["gpu"]["capacity_bytes"] == 40 * 10**9
-    assert doc["memory"]["gpu"]["peak_bytes"] <= 0.95 * 40e9
+    assert code == 0 and doc["memory"]["gpu"]["capacity_bytes"] == 40 * 2**30
+    assert doc["memory"]["gpu"]["peak_bytes"] <= 0.95 * 40 * 2**30
     assert 0 < len(doc["resident_units"]) < 23  # fewer than without the cap
     code, out, _ = run(capsys, *argv, "--gpu-memory-gb", "1", "--placement", "small")
     assert code == 1 and json.loads(out)["overflows"].keys() == {"gpu"}
@@ -173,8 +173,8 @@ def test_plan_writes_a_reloadable_plan(tmp_path, capsys):
         (["--resident", "lots"], "resident must be a count"),
         (["--cache-units", "1"], "cache_units must be >= 2 (one computing, one prefetching)"),
         (["--cache-units", "deep"], "cache_units must be a count >= 2 or 'auto', got 'deep'"),
-        (["--gpu-memory-gb", "0"], "gpu_memory_gb must be a number of GB > 0"),
-        (["--gpu-memory-gb", "-3"], "gpu_memory_gb must be a number of GB > 0"),
+        (["--gpu-memory-gb", "0"], "gpu_memory_gb must be a number of GiB > 0"),
+        (["--gpu-memory-gb", "-3"], "gpu_memory_gb must be a number of GiB > 0"),
         (["--optimizer", "nvme", "--nvme", "0"], "need at least one NVMe drive"),
     ],
 )
@@ -354,3 +354,23 @@ def test_ram_gb_is_read_and_printed_in_gib(capsys):
     assert suggested and suggested[1] == suggested[2]
     assert main(["plan", "--ram-gb", suggested[2]]) == 0
     assert "usable = " + f"{float(suggested[2]):.1f} GiB" in capsys.readouterr().out
+
+
+def test_machines_list_memory_in_gib(capsys):
+    """The catalog's 24 GB RTX 4090 is 24 GiB (nvidia-smi's unit), not 26 decimal GB."""
+    assert main(["machines"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[2] == "GiB" and "RAM GiB" in header
+    pc = next(r.split() for r in rows if r.startswith("paper-pc-4090"))
+    assert pc[2] == "24" and pc[4] == "250"
+
+
+def test_plan_and_simulate_print_the_host_figure_in_gib(capsys):
+    """One host figure: the plan's CPU line and simulate's peak are the same GiB figure."""
+    argv = ["--model", "llama-3.2-1b", "--machine", "paper-pc-4090", "--batch", "2", "--seq", "256"]
+    assert main(["plan", *argv]) == 0
+    cpu = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("CPU"))
+    assert main(["simulate", *argv]) == 0
+    peak = next(line for line in capsys.readouterr().out.splitlines() if "peak memory" in line)
+    planned = cpu.split()[1]
+    assert cpu.split()[2] == "GiB" and f"cpu {planned} GiB" in peak

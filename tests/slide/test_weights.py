@@ -1,5 +1,7 @@
 """HF checkpoints: names match transformers, saves load with from_pretrained, writes are atomic."""
 
+import json
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -67,6 +69,18 @@ def test_saved_checkpoint_loads_in_transformers(tmp_path, spec):
         torch.testing.assert_close(got[name], tensor)
     again = initial_weights(spec, out, seed=99)  # weights present: the seed is not used
     torch.testing.assert_close(again["model.norm.weight"], state["model.norm.weight"])
+
+
+def test_checkpoint_config_names_the_dtype_written(tmp_path):
+    """A BF16 input's config says "bfloat16"; the FP32 weights written beside it say float32."""
+    spec = ModelSpec.from_hf_config(
+        TINY | {"dtype": "bfloat16", "torch_dtype": "bfloat16"}, name="q3"
+    )
+    out = save_checkpoint(tmp_path / "ckpt", spec, dict(RandomInit(spec, 3)), dtype=torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == config["torch_dtype"] == "float32"
+    model = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert model.model.norm.weight.dtype == torch.float32
 
 
 def test_resave_replaces_whole_and_failure_keeps_the_old(tmp_path):

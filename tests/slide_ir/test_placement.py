@@ -166,11 +166,11 @@ def test_resident_units_give_host_layers_a_landing_buffer_each(h200):
 def test_gpu_memory_cap_bounds_every_candidate(h200, cap):
     model = load_model("llama-3.1-8b")
     p = plan(model, h200, TrainConfig(batch=16, seq=1024, gpu_memory_gb=cap))
-    assert p.ledger.capacity_bytes("gpu") == cap * 10**9
-    assert p.feasible and p.ledger.peak_bytes("gpu") <= cap * 1e9
+    assert p.ledger.capacity_bytes("gpu") == cap * 2**30
+    assert p.feasible and p.ledger.peak_bytes("gpu") <= cap * 2**30
     smallest = Placement(activations="cpu", cache_units=3, resident=0, streamed=0)
     for c in p.choice.considered:  # only the smallest footprint may use the margin, as before
-        assert c.gpu_bytes <= 0.95 * cap * 1e9 or c.placement == smallest, c
+        assert c.gpu_bytes <= 0.95 * cap * 2**30 or c.placement == smallest, c
     uncapped = plan(model, h200, TrainConfig(batch=16, seq=1024))
     assert p.choice.predicted_step_s >= uncapped.choice.predicted_step_s
 
@@ -274,8 +274,8 @@ def test_bad_counts_and_values_are_refused(pc):
         ({"cache_units": 1}, "cache_units must be >= 2"),
         ({"cache_units": "deep"}, "cache_units must be >= 2 .* or 'auto', got 'deep'"),
         ({"placement": "tiny"}, "placement must be one of fast, small; got 'tiny'"),
-        ({"gpu_memory_gb": 0}, "gpu_memory_gb must be a number of GB > 0"),
-        ({"gpu_memory_gb": "lots"}, "gpu_memory_gb must be a number of GB > 0"),
+        ({"gpu_memory_gb": 0}, "gpu_memory_gb must be a number of GiB > 0"),
+        ({"gpu_memory_gb": "lots"}, "gpu_memory_gb must be a number of GiB > 0"),
     ]:
         with pytest.raises(ValueError, match=match):
             TrainConfig(batch=1, seq=64, **kwargs)
