@@ -23,6 +23,7 @@ def plan_summary(p: Plan) -> dict[str, Any]:
         memory[tier] = {
             "peak_bytes": led.peak_bytes(tier),
             "capacity_bytes": led.capacity_bytes(tier),
+            "bytes_per_param": round(led.peak_bytes(tier) / p.model.total_params, 3),
             "breakdown": led.breakdown(tier),
         }
     memory["cpu"]["pinned_bytes"] = led.pinned_bytes()
@@ -164,8 +165,10 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
             ram = p.machine.ram_bytes / GIB
             pinned = f" (pinned {led.pinned_bytes() / GIB:.1f} GiB; usable = {ram:.1f} GiB RAM less {c.host_margin:.0%})"
         mark = "ok" if peak <= cap else f"OVER by {(peak - cap) / GIB:.1f} GiB"
+        per_param = f"{peak / p.model.total_params:.1f} B/param"
         lines.append(
-            f"{tier.upper():5s} {peak / GIB:8.2f} GiB of {cap / GIB:.1f} GiB{pinned}  {mark}"
+            f"{tier.upper():5s} {peak / GIB:8.2f} GiB of {cap / GIB:.1f} GiB{pinned}  {mark}  "
+            f"({per_param})"
         )
         for label, size in led.breakdown(tier).items():
             lines.append(f"      {label:48s} {size / GIB:8.2f} GiB")

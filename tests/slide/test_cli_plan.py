@@ -374,3 +374,18 @@ def test_plan_and_simulate_print_the_host_figure_in_gib(capsys):
     peak = next(line for line in capsys.readouterr().out.splitlines() if "peak memory" in line)
     planned = cpu.split()[1]
     assert cpu.split()[2] == "GiB" and f"cpu {planned} GiB" in peak
+
+
+def test_the_plan_shows_bytes_per_parameter_per_tier(capsys):
+    """Each tier's ledger peak over the model's parameters, in the text and in the JSON."""
+    argv = ["plan", "--model", "qwen2.5-14b", "--machine", "h200-16c-128g", "--batch", "16"]
+    code, out, _ = run(capsys, *argv)
+    code_json, text, _ = run(capsys, *argv, "--json")
+    assert code == code_json == 0
+    summary = json.loads(text)
+    params = summary["model"]["params"]
+    for tier, memory in summary["memory"].items():
+        per_param = memory["peak_bytes"] / params
+        assert memory["bytes_per_param"] == pytest.approx(per_param, abs=1e-3)
+        line = next(x for x in out.splitlines() if x.startswith(tier.upper()))
+        assert line.endswith(f"({per_param:.1f} B/param)"), line
