@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         capacity(machine, TrainConfig(batch=args.batch, seq=args.seq, activations=a, optimizer=o))
         for a, o in wanted
     ]
-    out = {"machine": machine.name, "batch": args.batch, "seq": args.seq, "placements": results}
+    out = {"machine": machine.name, "ram_bytes": machine.ram_bytes, "batch": args.batch,
+           "seq": args.seq, "placements": results}  # fmt: skip
     if args.json:
         print(json_out.dumps(out, indent=2))
     else:
@@ -59,13 +60,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# SlideFormer's host rule: FP32 master + Adam moments in RAM, 12 bytes per parameter
+SLIDEFORMER_HOST_BYTES_PER_PARAM = 12
+
+
 def render(out: dict[str, Any]) -> str:
-    lines = [f"{out['machine']}: batch {out['batch']} x seq {out['seq']}"]
+    ram = out["ram_bytes"]
+    rule = ram / SLIDEFORMER_HOST_BYTES_PER_PARAM / 1e9
+    lines = [f"{out['machine']}: batch {out['batch']} x seq {out['seq']}; {ram / 2**30:.0f} GiB "
+             f"of RAM: SlideFormer's rule ({SLIDEFORMER_HOST_BYTES_PER_PARAM} B/param in host "
+             f"RAM) gives {rule:.1f} B params"]  # fmt: skip
     for r in out["placements"]:
         best = r["largest_model"] or "none"
+        per_param = r["host_bytes_per_param"]
+        host = f"; host RAM {per_param:.1f} B/param" if per_param is not None else ""
         lines.append(
             f"\nactivations on {r['activations']}, optimizer on {r['optimizer']}: "
-            f"largest catalog model {best} ({r['largest_model_params'] / 1e9:.1f} B)"
+            f"largest catalog model {best} ({r['largest_model_params'] / 1e9:.1f} B){host}"
         )
         for name, f in r["families"].items():
             member = f["largest_member"] or "none"

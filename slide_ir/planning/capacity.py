@@ -15,7 +15,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from slide_ir.planning.placement import plan_fits
+from slide_ir.planning.placement import plan_fits, smallest_ledger
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec, load_model, model_names
@@ -104,11 +104,14 @@ def capacity(machine: Machine, config: TrainConfig) -> dict[str, Any]:
     families: dict[str, list[ModelSpec]] = {}
     for m in specs:
         families.setdefault(family(m.name), []).append(m)
+    host = smallest_ledger(best, machine, config).peak_bytes("cpu") if best else 0
     return {
         "activations": config.activations,
         "optimizer": config.optimizer,
         "largest_model": best.name if best else None,
         "largest_model_params": best.total_params if best else 0,
+        # host RAM per parameter of that model at the smallest footprint (what decides the fit)
+        "host_bytes_per_param": round(host / best.total_params, 3) if best else None,
         "models": {m.name: {"params": m.total_params, "fits": fit[m.name]} for m in specs},
         "families": {
             name: family_scaling(members, machine, config, fit)

@@ -212,12 +212,21 @@ def plan_fits(model: ModelSpec, machine: Machine, config: TrainConfig) -> bool:
     """Whether `slide_ir.planning.planner.plan` of `config` fits: some placement its search would
     consider fits every tier (ledgers only: for bisections over batch or model size)."""
     if config.schedule != "sliding":
-        acts = "cpu" if config.activations == "auto" else config.activations
-        return build_ledger(model, machine, replace(config, activations=acts)).feasible
+        return smallest_ledger(model, machine, config).feasible
     search = _Search(model, machine, config, _no_build)
     if config.placement == "small" or not search.free:
         return search.ledger(search.smallest()).feasible
     return search.anything_fits()
+
+
+def smallest_ledger(model: ModelSpec, machine: Machine, config: TrainConfig) -> Ledger:
+    """The ledger of the smallest footprint the planner would consider (`--placement small`
+    where the counts are free; a baseline schedule's own): what decides whether a model fits."""
+    if config.schedule != "sliding":
+        acts = "cpu" if config.activations == "auto" else config.activations
+        return build_ledger(model, machine, replace(config, activations=acts))
+    search = _Search(model, machine, config, _no_build)
+    return search.ledger(search.smallest())
 
 
 def _no_build(config: TrainConfig, ledger: Ledger) -> Graph:

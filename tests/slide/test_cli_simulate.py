@@ -277,3 +277,22 @@ def test_sweep_in_processes_equals_one_process(capsys):
     assert json.loads(two) == json.loads(one)  # same rows, same order
     code, _, err = run(capsys, *argv, "--jobs", "0")
     assert code == 2 and "--jobs must be >= 1, got 0" in err
+
+
+def test_capacity_shows_host_bytes_per_param_beside_slideformers_rule(capsys):
+    from slide_ir import TrainConfig, load_machine, load_model
+    from slide_ir.planning.placement import smallest_ledger
+
+    argv = ["capacity", "--machine", "paper-pc-4090", "--ram-gb", "128", "--optimizer", "cpu",
+            "--activations", "cpu"]  # fmt: skip
+    code, text, _ = run(capsys, *argv)
+    code_json, out, _ = run(capsys, *argv, "--json")
+    assert code == code_json == 0
+    place = json.loads(out)["placements"][0]
+    model = load_model(place["largest_model"])
+    machine = load_machine("paper-pc-4090", ram_gb=128)
+    host = smallest_ledger(model, machine, TrainConfig(batch=1, seq=1024)).peak_bytes("cpu")
+    assert place["host_bytes_per_param"] == pytest.approx(host / model.total_params, abs=1e-3)
+    assert f"host RAM {host / model.total_params:.1f} B/param" in text
+    rule = 128 * 2**30 / 12 / 1e9  # RAM over SlideFormer's 12 B/param
+    assert f"SlideFormer's rule (12 B/param in host RAM) gives {rule:.1f} B params" in text
