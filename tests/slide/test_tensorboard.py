@@ -38,9 +38,8 @@ def metrics_rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_each_step_s_numbers_are_scalars(tmp_path, tokens, monkeypatch, capsys):
-    monkeypatch.setattr(tensorboard_scalars, "summary_writer_class", lambda: FakeWriter)
-    FakeWriter.made.clear()
+def _train_with_tensorboard(tmp_path, tokens, capsys):
+    """A CPU run writing its metrics to m.jsonl and its scalars under tb/: the metrics' path."""
     metrics = tmp_path / "m.jsonl"
     argv = [
         *ARGV,
@@ -53,6 +52,13 @@ def test_each_step_s_numbers_are_scalars(tmp_path, tokens, monkeypatch, capsys):
     ]
     assert main(argv) == 0
     capsys.readouterr()
+    return metrics
+
+
+def test_each_step_s_numbers_are_scalars(tmp_path, tokens, monkeypatch, capsys):
+    monkeypatch.setattr(tensorboard_scalars, "summary_writer_class", lambda: FakeWriter)
+    FakeWriter.made.clear()
+    metrics = _train_with_tensorboard(tmp_path, tokens, capsys)
     (writer,) = FakeWriter.made
     assert writer.log_dir == str(tmp_path / "tb") and writer.purge_step is None and writer.closed
     for row in metrics_rows(metrics):
@@ -76,18 +82,7 @@ def test_the_real_writer_writes_event_files(tmp_path, tokens, capsys):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    metrics = tmp_path / "m.jsonl"
-    argv = [
-        *ARGV,
-        "--data",
-        tokens,
-        "--metrics",
-        str(metrics),
-        "--tensorboard",
-        str(tmp_path / "tb"),
-    ]
-    assert main(argv) == 0
-    capsys.readouterr()
+    metrics = _train_with_tensorboard(tmp_path, tokens, capsys)
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     losses = [(e.step, e.value) for e in events.Scalars("train/loss")]
