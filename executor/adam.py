@@ -96,6 +96,7 @@ class StepHp:
     config: AdamWConfig
     clip_norm: float | None = None  # per-unit gradient clipping (TrainConfig.clip == "per-unit")
     sum_over_ranks: SumOverRanks | None = None  # the gradient is a shard: its norm is the sum's
+    grad_scale: float | None = None  # global clipping's scale, from the step's `NORM`
 
 
 CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_
@@ -187,7 +188,7 @@ def update_host(
         update_host_torch(layout, grad, parts, out, hp, scratch)
         return
     coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks)
-    scale = 1.0 if coef is None else float(coef)
+    scale = hp.grad_scale if hp.grad_scale is not None else 1.0 if coef is None else float(coef)
     c = hp.config
     for lo, hi, decay, part in _pieces(layout, parts, WHOLE):
         st, a, b = part.state, lo - part.lo, hi - part.lo
@@ -218,6 +219,8 @@ def update_host_torch(
     baseline bench/host/host_adam.py times)."""
     scratch.step.fill_(float(hp.step))
     coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks)
+    if hp.grad_scale is not None:
+        coef = torch.tensor(hp.grad_scale)
     for lo, hi, decay, part in _pieces(layout, parts, CHUNK):
         n, st = hi - lo, part.state
         g = grad[lo:hi]
@@ -256,6 +259,8 @@ def update_device(
     coef = clip_coef(g32, hp.clip_norm, hp.sum_over_ranks)
     if coef is not None:
         g32 = g32 * coef
+    if hp.grad_scale is not None:
+        g32 = g32 * hp.grad_scale
     for lo, hi, decay in layout.decay_ranges():
         m, v = state.m[lo:hi], state.v[lo:hi]
         m32 = m if m.dtype == torch.float32 else m.float()

@@ -344,6 +344,12 @@ class _Allocator:
             w, g = self.out.items.pop(f"zo_w.{unit}"), self.out.items.pop(f"zo_g.{unit}")
             self.out.items[f"gpu.{unit}"] = GpuUnit(w=w, g=g)  # type: ignore[arg-type]
 
+    def fp32_slots(self, pool: Pool) -> None:
+        """A few FP32 numbers per slot, keyed by the slot (global clipping's norms and scale)."""
+        numel = pool.slot_bytes // 4
+        for key in pool.slot_ids():
+            self.put(pool, key, self.host(pool, numel, torch.float32).zero_(), 4 * numel)
+
     def opt_staging(self, pool: Pool) -> None:
         """The host staging ring of NVMe optimizer-state stripes, as raw bytes that
         `nvme.stripe_state` views as master / m / v."""
@@ -373,6 +379,8 @@ ALLOCATORS: dict[PoolRole, Callable[[_Allocator, Pool], None]] = {
     R.MOMENTS: _Allocator.per_unit,
     R.NVME_STATE: _Allocator.skip,
     R.OPT_STAGING: _Allocator.opt_staging,
+    R.GRAD_NORMS: _Allocator.fp32_slots,
+    R.GRAD_SCALE: _Allocator.fp32_slots,
 }
 
 

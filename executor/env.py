@@ -24,7 +24,7 @@ from executor.nvme import NvmeStore, StripeFormat
 from executor.ranks import Ranks
 from executor.staging import TokenSlot, TokenStaging
 from executor.tape import Tape
-from slide_ir.ir.graph import PoolRole, Value
+from slide_ir.ir.graph import Op, PoolRole, Value
 from slide_ir.specs.model import ModelSpec
 
 _POLL_S = 0.05
@@ -60,23 +60,38 @@ class Env:
     act_bytes: int  # bytes of one saved activation (B x S x H at the compute dtype)
     moments_bf16: bool = False
     clip_norm: float | None = None  # per-unit gradient clipping, from the plan's TrainConfig
+    global_clip_norm: float = 0.0  # global clipping's max norm (`clipping`; 0: none)
+    skipped: set[int] = field(default_factory=set)  # global steps a non-finite norm skipped
+    grad_norms: dict[int, float] = field(default_factory=dict)  # global step -> its norm
     staging: TokenStaging  # host slots the main thread stages micro-batches' tokens in
     batches: queue.Queue[MicroBatch] = field(default_factory=queue.Queue)
     nvme: NvmeStore | None = None
     stripes: StripeFormat | None = None
     ranks: Ranks | None = None  # data parallel: this process's rank and groups
 
-    def hp(self, step: int, lane: str) -> StepHp:
-        """The update's hyperparameters; a shard's clipping sums its norm on `lane`'s group."""
+    def hp(self, step: int, lane: str, grad_scale: float | None = None) -> StepHp:
+        """The update's hyperparameters; a shard's clipping sums its norm on `lane`'s group.
+        The bias correction counts the updates made: skipped steps made none."""
         global_step = self.step_offset + step
         ranks = self.ranks
         return StepHp(
-            step=global_step,
+            step=global_step - sum(1 for s in self.skipped if s < global_step),
             lr=self.optim.lr_at(global_step, self.total_steps),
             config=self.optim,
             clip_norm=self.clip_norm,
             sum_over_ranks=(lambda t: ranks.sum_(t, lane)) if ranks is not None else None,
+            grad_scale=grad_scale,
         )
+
+    def update_scale(self, op: Op) -> tuple[bool, float | None]:
+        """(whether `op`, an update, runs; the gradient scale it applies): under global
+        clipping the scale `NORM` wrote, and no update in a step it skipped."""
+        scales = [v for v in op.reads if self.buffers.roles[v.slot] == PoolRole.GRAD_SCALE]
+        if not scales:
+            return True, None
+        if self.step_offset + op.step in self.skipped:
+            return False, None
+        return True, float(self.buffers.of(scales[0], op.unit)[0])
 
     def take_batch(self, step: int, micro: int) -> MicroBatch:
         """The next micro-batch from the main thread; it must be the one the op expects."""

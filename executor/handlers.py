@@ -8,8 +8,9 @@ Copies are `non_blocking` on the lane's stream (CUDA) and plain synchronous copi
     OPT_H2D    reads (master, moments)  writes (state)
     OPT_D2H    reads (state)            writes (master, moments)
     GRAD_ACCUM reads (landed grads)     writes (accumulator, += after the first micro-batch)
-    ADAM       by role: landed grads, the accumulator, state in RAM or NVMe staging stripes;
-               writes the pinned weights (and the state it read)
+    ADAM       by role: landed grads, the accumulator, state in RAM or NVMe staging stripes,
+               global clipping's scale; writes the pinned weights (and the state it read)
+    GRAD_NORM, NORM   global clipping (`clipping`)
     NVME_READ / NVME_WRITE   reads (src)  writes (dst): activations, or a state stripe
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from executor import adam, compute
+from executor import adam, clipping, compute
 from executor.buffers import OptState
 from executor.env import Env, LaneState
 from slide_ir.ir.graph import Graph, Op, OpKind, PoolRole, Value, lane_index
@@ -106,16 +107,23 @@ def adam_host(env: Env, lane: LaneState, op: Op) -> None:
     """AdamW of one unit on the host; the last micro-batch's gradients are added to the
     accumulator first when the step has several."""
     u = op.unit
-    (landed,) = _role(env, op.reads, R.GRAD_LANDING)
-    grad = _on_host(env, landed, u)
-    for acc in _role(env, op.reads, R.GRAD_ACCUM):
-        grad = env.buffers.of(acc, u).add_(grad)
+    runs, scale = env.update_scale(op)
+    if not runs:
+        return
+    landed = _role(env, op.reads, R.GRAD_LANDING)
+    accumulators = _role(env, op.reads, R.GRAD_ACCUM)
+    if landed:
+        grad = _on_host(env, landed[0], u)
+        for acc in accumulators:
+            grad = env.buffers.of(acc, u).add_(grad)
+    else:  # global clipping's GRAD_NORM added the last micro-batch already
+        grad = _on_host(env, accumulators[0], u)
     assert lane.scratch is not None, "the cpu lane owns the optimizer scratch"
     staging = tuple(v.slot for v in _role(env, op.reads, R.OPT_STAGING))
     parts = env.host_parts(u, staging)
     (weights,) = _role(env, op.writes, R.HOST_WEIGHTS)
     dst = env.buffers.of(weights, u)
-    hp = env.hp(op.step, lane.lane)
+    hp = env.hp(op.step, lane.lane, scale)
     adam.update_host(env.shards[u], grad, parts, dst, hp, lane.scratch)
 
 
@@ -170,6 +178,8 @@ HANDLERS: dict[OpKind, Handler] = {
     OpKind.W_D2H: w_d2h,
     OpKind.CAST: copy,
     OpKind.GRAD_ACCUM: grad_accum,
+    OpKind.GRAD_NORM: clipping.grad_norm,
+    OpKind.NORM: clipping.norm,
     OpKind.ACT_SAVE: copy,
     OpKind.ACT_LOAD: copy,
     OpKind.NVME_READ: nvme_read,

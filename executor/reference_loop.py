@@ -6,8 +6,10 @@ One optimizer step:
 1. for each of its `grad_accum` micro-batches, the transformers model's forward, the sum of the
    token cross-entropies divided by the step's labelled tokens (so the step's loss is the mean
    over every labelled token of the step, however they split into micro-batches), backward;
-2. optionally, each unit's gradient clipped by its own L2 norm (the embedding, one decoder
-   layer, the head: what `TrainConfig.clip = "per-unit"` does);
+2. optionally, the gradients clipped: all of them by their global L2 norm
+   (`clip_grad_norm_` over every parameter: `TrainConfig.clip = "global"`), or each unit's by
+   its own (the embedding, one decoder layer, the head: `"per-unit"`); a step whose global
+   norm is not finite is skipped under "global";
 3. `torch.optim.AdamW` on FP32 master weights (the model's own parameters when it runs in FP32),
    then the model's weights copied from them.
 """
@@ -29,6 +31,7 @@ def reference_train(
     grad_accum: int = 1,
     weight_decay: float = 0.0,
     clip_norm: float | None = None,
+    clip_global: bool = False,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -59,10 +62,15 @@ def reference_train(
             for name, p in params.items():
                 master[name].grad = p.grad.float()
                 p.grad = None
-        if clip_norm is not None:
+        skip = False
+        if clip_norm is not None and clip_global:
+            norm = torch.nn.utils.clip_grad_norm_(list(master.values()), clip_norm)
+            skip = not bool(torch.isfinite(norm))
+        elif clip_norm is not None:
             for group in units(model, master):
                 torch.nn.utils.clip_grad_norm_(group, clip_norm)
-        opt.step()
+        if not skip:
+            opt.step()
         opt.zero_grad()
         if master is not params:
             with torch.no_grad():

@@ -27,7 +27,7 @@ from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.staging import TokenStaging
 from slide_ir.ir.drives import NvmeDirs, act_slots_by_drive
-from slide_ir.ir.graph import Graph, PoolRole, Tier, UnitPlacement
+from slide_ir.ir.graph import Graph, GraphInfo, PoolRole, Tier, UnitPlacement
 from slide_ir.ir.trace import MemorySample
 from slide_ir.program import Program
 
@@ -111,9 +111,13 @@ class Built:
             "allocated_bytes": dict(env.buffers.allocated),
             "resident": _units_placed(self.program.graph, UnitPlacement.RESIDENT),
             "streamed": _units_placed(self.program.graph, UnitPlacement.STREAMED),
-            "clip": "per-unit" if self.program.graph.info.clip_norm else "none",
+            "clip": _clip_mode(self.program.graph.info),
             **({"placement": dict(self.program.placement)} if self.program.placement else {}),
         }
+
+
+def _clip_mode(info: GraphInfo) -> str:
+    return "global" if info.global_clip_norm else "per-unit" if info.clip_norm else "none"
 
 
 def _rss_bytes() -> int:
@@ -229,6 +233,7 @@ def build(
         act_bytes=act_bytes,
         moments_bf16=s.moments_dtype == torch.bfloat16,
         clip_norm=info.clip_norm or None,
+        global_clip_norm=info.global_clip_norm,
         nvme=store,
         stripes=fmt,
         ranks=ranks,

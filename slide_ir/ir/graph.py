@@ -55,6 +55,10 @@ class OpKind(StrEnum):
     W_D2H = "w_d2h"  # download a streamed layer's updated BF16 weights into the pinned copy
     CAST = "cast"  # FP32 -> BF16 cast of updated weights on the CPU (ZeRO-offload's, unfused)
     GRAD_ACCUM = "grad_accum"  # add a micro-batch's landed BF16 grads into the CPU FP32 accumulator
+    # global clipping: each parameter's gradient norm of a unit (where its step's gradient is
+    # whole: the GPU for device-updated units, the landed copy on the host for the others)
+    GRAD_NORM = "grad_norm"
+    NORM = "norm"  # the step's global norm from every unit's: the clip scale and finiteness
     ACT_SAVE = "act_save"  # copy a layer's input activation GPU -> CPU (d2h lane)
     ACT_LOAD = "act_load"  # copy it back CPU -> GPU ahead of the layer's recompute (h2d lane)
     NVME_READ = "nvme_read"  # read optimizer state or activations from NVMe
@@ -99,6 +103,8 @@ class PoolRole(StrEnum):
     MOMENTS = "moments"  # Adam moments in RAM (pinned for streamed units)
     NVME_STATE = "nvme_state"  # optimizer state on NVMe, striped over the drives
     OPT_STAGING = "opt_staging"  # RAM staging of the NVMe optimizer-state stripes
+    GRAD_NORMS = "grad_norms"  # a unit's per-parameter gradient norms (FP32, pinned)
+    GRAD_SCALE = "grad_scale"  # the step's clip scale and global norm (FP32, pinned)
 
 
 class Dtype(StrEnum):
@@ -370,6 +376,7 @@ class GraphInfo:
     clip_norm: float = (
         0.0  # per-unit gradient clipping's max norm, right before each update (0: none)
     )
+    global_clip_norm: float = 0.0  # global clipping's max norm, updates after it (0: none)
 
     @property
     def tokens_per_step(self) -> int:

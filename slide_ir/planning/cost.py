@@ -332,6 +332,17 @@ def _grad_accum(cm: CostModel, op: Op) -> float:
     return op.work.bytes / cm.rates.dram
 
 
+def _grad_norm(cm: CostModel, op: Op) -> float:
+    """One pass over the unit's gradient where it is: GPU memory or host RAM."""
+    return op.work.bytes / (cm.rates.hbm if op.lane == "gpu" else cm.rates.dram)
+
+
+def _norm(cm: CostModel, op: Op) -> float:
+    """A few floats per unit, summed over the ranks' shards by an all-reduce of as many."""
+    exchange = 2 * (cm.nproc - 1) * RING_STEP_S
+    return op.work.bytes / cm.rates.dram + exchange
+
+
 def _read_curve(cm: CostModel, op: Op, dma_load: float) -> Curve:
     i = _drive(cm.rates.nvme_read, op)
     return cm.host.reads[i], (op.work.bytes,), cm.rates.nvme_read[i]
@@ -391,6 +402,8 @@ HANDLERS: Mapping[OpKind, Handler] = {
     OpKind.GPU_ADAM: _gpu_adam,
     OpKind.CAST: _cast,
     OpKind.GRAD_ACCUM: _grad_accum,
+    OpKind.GRAD_NORM: _grad_norm,
+    OpKind.NORM: _norm,
     OpKind.ALL_REDUCE: _collective,
     OpKind.REDUCE_SCATTER: _collective,
     OpKind.ALL_GATHER: _collective,

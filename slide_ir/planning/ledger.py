@@ -118,9 +118,10 @@ def resident_preference(model: ModelSpec) -> tuple[int, ...]:
 
 def adam_bytes_per_param(config: TrainConfig) -> int:
     """Bytes one CPU AdamW step touches per parameter: FP32 master read+write, both moments read
-    + write, the BF16 gradient read (twice when clipping: its norm comes first), and the fused
+    + write, the BF16 gradient read (twice with per-unit clipping: its norm comes first; global
+    clipping's norm is its own op, `GRAD_NORM`), and the fused
     BF16 weight write."""
-    clip_read = BF16 if config.clip != "none" else 0
+    clip_read = BF16 if config.clip == "per-unit" else 0
     return 2 * FP32 + 2 * config.moment_bytes + BF16 + BF16 + clip_read
 
 
@@ -130,7 +131,7 @@ ROLE_DTYPES = {R.HIDDEN: Dtype.COMPUTE, R.HIDDEN_GRAD: Dtype.COMPUTE, R.HOST_HID
                R.UNIT: Dtype.COMPUTE, R.DEVICE_WEIGHTS: Dtype.COMPUTE,
                R.DEVICE_GRADS: Dtype.COMPUTE, R.GRAD_LANDING: Dtype.COMPUTE,
                R.HOST_WEIGHTS: Dtype.COMPUTE, R.GRAD_ACCUM: Dtype.FP32, R.MASTER: Dtype.FP32,
-               R.MOMENTS: Dtype.MOMENTS}  # fmt: skip
+               R.MOMENTS: Dtype.MOMENTS, R.GRAD_NORMS: Dtype.FP32, R.GRAD_SCALE: Dtype.FP32}  # fmt: skip
 
 
 class _Terms:
@@ -454,6 +455,7 @@ def _sliding_terms(
                         unit_params(model, members[0]), BF16, "bf16 weights (pinned)",
                         role=R.HOST_WEIGHTS)  # fmt: skip
     _grad_accum_terms(terms, model, config, sliding)
+    _global_clip_terms(terms, model, config)
     _optimizer_terms(terms, model, config, host_updated, drives)
     _optimizer_terms(terms, model, config, list(streamed), drives, pinned=True)
     _host_terms(terms)
@@ -483,6 +485,22 @@ def _grad_accum_terms(
                         FP32, "fp32 gradient accumulators", role=R.GRAD_ACCUM)  # fmt: skip
 
 
+# the most parameter tensors a unit has (a decoder layer with every bias and q/k norms: 13)
+MAX_UNIT_TENSORS = 16
+
+
+def _global_clip_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:
+    """Global clipping's norms: each unit's per-parameter gradient norms where its `GRAD_NORM`
+    leaves them, and the step's scale and norm that `NORM` writes for the updates."""
+    if not config.deferred_updates:
+        return
+    units = list(resident_preference(model))
+    terms.add_group("pinned_grad_norms", Tier.PINNED, units, MAX_UNIT_TENSORS, FP32,
+                    "gradient norms per parameter (fp32)", role=R.GRAD_NORMS)  # fmt: skip
+    terms.add("pinned_grad_scale", Tier.PINNED, 1, 2 * FP32, "clip scale and global norm",
+              "2 x 4 B", static=True, role=R.GRAD_SCALE)  # fmt: skip
+
+
 def landing_buffers(config: TrainConfig, host_layers: int, *, gpu_updated: bool) -> int:
     """Pinned landing buffers for decoder-layer gradients (a ring). Three keep the d2h lane
     busy while the CPU updates. With units updated on the GPU (resident or streamed) the
@@ -490,7 +508,10 @@ def landing_buffers(config: TrainConfig, host_layers: int, *, gpu_updated: bool)
     backward comes first) to reach them, so by default every host-updated layer gets a buffer:
     2 B/param more of pinned RAM for those layers. (8B on the H200 at batch 16 with 23 resident
     units: 2.10 s per step with 3 buffers, 1.62 s with one for each of its 10 sliding layers,
-    by prediction.)"""
+    by prediction.) With deferred updates (global clipping) every gradient waits for the norm
+    in a buffer of its own, whatever `grad_buffers` asks."""
+    if config.deferred_updates:
+        return host_layers
     if config.grad_buffers is not None:
         return config.grad_buffers
     return max(3, host_layers) if gpu_updated else 3

@@ -282,7 +282,7 @@ class _Search:
         self.costs = CostModel(machine, cpu_threads=config.cpu_threads, nproc=nproc)
         self.timed: dict[Placement, Candidate] = {}
         self.ledgers: dict[Placement, Ledger] = {}
-        plain = (config.optimizer, config.grad_accum) == ("cpu", 1)
+        plain = (config.optimizer, config.grad_accum) == ("cpu", 1) and not config.deferred_updates
         self.acts = ("cpu", "gpu") if config.activations == "auto" else (config.activations,)
         self.free_resident = config.resident == "auto"
         self.free_streamed = config.streamed == "auto" and plain

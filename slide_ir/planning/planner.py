@@ -105,6 +105,7 @@ def build_graph(
         optimizer=str(config.optimizer),
         moments_dtype=str(config.moments_dtype),
         clip_norm=config.clip_norm if config.clip == "per-unit" else 0.0,
+        global_clip_norm=config.clip_norm if config.deferred_updates else 0.0,
     )
     return ctx.b.build(info, check=check)
 

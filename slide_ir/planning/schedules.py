@@ -411,12 +411,15 @@ def _drive(ctx: Ctx, layer: int) -> str:
     return f"nvme{act_drive(layer, ctx.drives)}"
 
 
-def device_update(ctx: Ctx, step: int, unit: int) -> str:
-    """The GPU AdamW of a unit whose weights, grads and state live on the GPU; its op id."""
+def device_update(
+    ctx: Ctx, step: int, unit: int, deps: list[str] | None = None, scale: Value | None = None
+) -> str:
+    """The GPU AdamW of a unit whose weights, grads and state live on the GPU; its op id.
+    Under global clipping it waits for the step's norm (`deps`) and reads its `scale`."""
     op_id, slot = ctx.sid(step, unit, "gpu_adam"), ctx.on_gpu(unit)
     state = ctx.home(R.RESIDENT, unit, "state")
     ctx.b.emit(op_id, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
-               reads=[ctx.at(grads(unit), slot), state],
+               deps=deps or [], reads=[ctx.at(grads(unit), slot), state, scale],
                writes=[ctx.at(weights(unit), slot), state])  # fmt: skip
     return op_id
 
@@ -502,21 +505,24 @@ class OptimizerIo:
         deps: list[str],
         grads: Value | None = None,
         release: tuple[str, ...] = (),
-    ) -> None:
+        scale: Value | None = None,
+    ) -> str:
         """The CPU AdamW of `unit` from its landed `grads` (state read ahead from NVMe first,
         written back after); `order` is the order the updates are emitted in, for the read-ahead.
-        With several micro-batches the landed gradient is added into the accumulator first."""
+        With several micro-batches the landed gradient is added into the accumulator first
+        (no `grads`: it already was). Under global clipping it reads the step's `scale`."""
         ctx = self.ctx
         reads = self.prefetch(order, order.index(unit))
         op_id = ctx.sid(self.step, unit, "adam")
         acc = ctx.home(R.GRAD_ACCUM, unit, "gacc") if ctx.config.grad_accum > 1 else None
         state = self._state(unit)
+        added = acc and ctx.at(acc.name, acc.slot, accumulate=True) if grads else None
         ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, unit=unit, work=adam_work(ctx, unit),
-                   deps=[*deps, *reads], release=release, reads=[grads, acc, *state],
-                   writes=[acc and ctx.at(acc.name, acc.slot, accumulate=True),
-                           ctx.home(R.HOST_WEIGHTS, unit, "w"), *state])  # fmt: skip
+                   deps=[*deps, *reads], release=release, reads=[grads, acc, scale, *state],
+                   writes=[added, ctx.home(R.HOST_WEIGHTS, unit, "w"), *state])  # fmt: skip
         self.write_back(unit, op_id)
         ctx.last_update[unit] = op_id
+        return op_id
 
     def _state(self, unit: int) -> list[Value | None]:
         """Where the update finds the unit's master and moments: RAM, or the staging slots of

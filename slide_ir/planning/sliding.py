@@ -16,6 +16,7 @@ can travel when the link is free rather than when the unit is next (`_StateTraff
 from __future__ import annotations
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
+from slide_ir.planning.deferral import DeferredUpdates
 from slide_ir.planning.ledger import FP32, unit_params
 from slide_ir.planning.schedules import (
     Ctx,
@@ -36,6 +37,7 @@ R = PoolRole
 
 
 def emit_sliding(ctx: Ctx) -> None:
+    """Every step's micro-batches; under global clipping see `deferral`."""
     c, n = ctx.config, ctx.n
     layers = [i for i in range(1, n + 1) if i not in ctx.resident]
     ahead = max(min(c.cache_depth, len(layers)) - 1, 0)
@@ -69,6 +71,10 @@ class _Micro:
         self.uploaded: dict[str, set[int]] = {"fwd": set(), "bwd": set()}
         self.phase = "fwd"
         self.state = _StateTraffic(ctx, step)
+        # global clipping: the last micro-batch's updates wait for the norm, then run 0..n+1
+        use = last and ctx.config.deferred_updates
+        self.deferred = DeferredUpdates(ctx, step) if use else None
+        self.io_order = sorted(order)
 
     def run(self) -> None:
         ctx = self.ctx
@@ -77,6 +83,8 @@ class _Micro:
         self.phase = "bwd"
         backward(ctx, self.step, self.micro, self.before_backward, self.after_bwd)
         self.state.flush_downloads()
+        if self.deferred:
+            self.deferred.flush()
 
     # -- prefetch ------------------------------------------------------------------------------
     def before_forward(self, unit: int) -> None:
@@ -126,7 +134,10 @@ class _Micro:
             self._streamed_update(unit)
             return
         if unit in ctx.resident:
-            if self.last:
+            if self.last and self.deferred:
+                self.deferred.grad_norm(unit, "gpu", [produced_by], ctx.at(grads(unit), ctx.on_gpu(unit)))
+                self.deferred.defer(unit, lambda deps, scale: device_update(ctx, step, unit, deps, scale))
+            elif self.last:
                 ctx.last_update[unit] = device_update(ctx, step, unit)
             return
         d2h = ctx.oid(step, self.micro, unit, "g.d2h")
@@ -159,8 +170,17 @@ class _Micro:
                 writes=[acc and ctx.at(acc.name, acc.slot, accumulate=self.micro > 0)],
             )
             return
-        self.io.update(self.order, unit, deps=[d2h], grads=ctx.at(grads(unit), landing),
-                       release=(landing,))  # fmt: skip
+        landed = ctx.at(grads(unit), landing)
+        if not self.deferred:
+            self.io.update(self.order, unit, deps=[d2h], grads=landed, release=(landing,))
+            return
+        accumulates = ctx.config.grad_accum > 1  # the norm is the accumulated gradient's
+        self.deferred.grad_norm(unit, "cpu", [d2h], landed, accumulator=accumulates,
+                                release=(landing,) if accumulates else ())  # fmt: skip
+        kept = None if accumulates else landed
+        self.deferred.defer(unit, lambda deps, scale: self.io.update(
+            self.io_order, unit, deps=deps, grads=kept, release=() if accumulates else (landing,),
+            scale=scale))  # fmt: skip
 
     def _streamed_update(self, unit: int) -> None:
         """GPU AdamW of a streamed unit, then its new BF16 weights (and maybe its state) go down."""

@@ -53,7 +53,7 @@ def choose_streamed(
                 f"{model.name}), got {count}"
             )
         return tuple(candidates[:count])
-    if config.optimizer != "cpu" or config.grad_accum != 1:
+    if config.optimizer != "cpu" or config.grad_accum != 1 or config.deferred_updates:
         return ()
     cost = CostModel(machine, cpu_threads=config.cpu_threads)
     budget = gpu_budget(machine, config)

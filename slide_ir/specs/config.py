@@ -51,9 +51,12 @@ class PlacementMode(StrEnum):
 class Clip(StrEnum):
     NONE = "none"
     # each unit's gradient (the embedding, one decoder layer, the head) is clipped to `clip_norm`
-    # by its own L2 norm, right before its update: exact global-norm clipping would need every
-    # gradient before the first update, which is the overlap the sliding schedule exists for
+    # by its own L2 norm, right before its update, which runs as the gradient lands
     PER_UNIT = "per-unit"
+    # torch.nn.utils.clip_grad_norm_ over every parameter: the norm needs every gradient, so the
+    # step's updates wait for it and run in unit order, overlapping the next forward instead of
+    # the backward; a step whose norm is not finite is skipped (the state untouched)
+    GLOBAL = "global"
 
 
 # the choices as plain strings, for command-line parsers (whose error messages show a choice's
@@ -152,6 +155,7 @@ class TrainConfig:
         _positive("reduce_bucket", self.reduce_bucket)
         if not self.clip_norm > 0:
             raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
+        _global_clip(self)
         for name in ("gpu_margin", "host_margin"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -159,6 +163,11 @@ class TrainConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.batch * self.seq * self.grad_accum
+
+    @property
+    def deferred_updates(self) -> bool:
+        """The step's updates wait for its global gradient norm."""
+        return self.clip == Clip.GLOBAL
 
     @property
     def cache_depth(self) -> int:
@@ -219,3 +228,21 @@ def _positive(name: str, value: int) -> None:
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
+
+
+def _global_clip(config: TrainConfig) -> None:
+    """Global clipping defers every update until the norm: a streamed unit's GPU AdamW needs
+    its gradient and state on the GPU at once, which deferral cannot keep for every streamed
+    unit; the baselines update after the backward and keep their own recipes."""
+    if config.clip != Clip.GLOBAL:
+        return
+    if config.schedule != Schedule.SLIDING:
+        raise ValueError(
+            f"clip 'global' runs on the sliding schedule, got schedule '{config.schedule}'; "
+            "use clip 'per-unit' or 'none' there"
+        )
+    if isinstance(config.streamed, int) and config.streamed > 0:
+        raise ValueError(
+            f"clip 'global' cannot stream units (streamed={config.streamed}): their GPU AdamW "
+            "would hold a cache unit per streamed unit until the norm; use streamed=0 or 'auto'"
+        )

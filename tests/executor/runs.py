@@ -52,13 +52,14 @@ def batches(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 @functools.cache
 def reference(
-    tied: bool, grad_accum: int, clip_norm: float | None = None
+    tied: bool, grad_accum: int, clip_norm: float | None = None, clip_global: bool = False
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """`executor.reference_loop` on this model and data, FP32, torch AdamW (no weight decay)."""
     model = hf_model(model_config(tied))
     return reference_train(
-        model, batches(STEPS * grad_accum), lr=LR, grad_accum=grad_accum, clip_norm=clip_norm
-    )
+        model, batches(STEPS * grad_accum), lr=LR, grad_accum=grad_accum, clip_norm=clip_norm,
+        clip_global=clip_global,
+    )  # fmt: skip
 
 
 def run_executor(
@@ -135,10 +136,11 @@ RTOL = 1e-5
 
 def assert_matches_reference(result: TrainResult, tied: bool, config: dict) -> None:
     """`result` (a run of STEPS steps under `config`) against `reference` with the same
-    micro-batching and per-unit clipping, within RTOL."""
+    micro-batching and clipping, within RTOL."""
     grad_accum = int(config.get("grad_accum", 1))
-    clip = float(config["clip_norm"]) if config.get("clip") == "per-unit" else None
-    ref_losses, ref_state = reference(tied, grad_accum, clip)
+    clipped = config.get("clip") in ("per-unit", "global")
+    clip = float(config["clip_norm"]) if clipped else None
+    ref_losses, ref_state = reference(tied, grad_accum, clip, config.get("clip") == "global")
     assert result.steps_done == STEPS
     for step, (ours, want) in enumerate(zip(result.losses, ref_losses, strict=True), 1):
         assert abs(ours - want) <= RTOL * abs(want), f"step {step}: loss {ours} vs {want}"
