@@ -49,16 +49,29 @@ def grad_norm(env: Env, lane: LaneState, op: Op) -> None:
     grad = _gradient(env, op)
     for acc in (v for v in op.reads if env.buffers.roles[v.slot] == R.GRAD_ACCUM):
         grad = env.buffers.of(acc, u).add_(grad)
-    parts = []
-    for e in hf_order(env.layouts[u]):  # each parameter's part inside the rank's shard
-        lo, hi = max(e.offset, shard.start), min(e.offset + e.numel, shard.end)
-        part = grad[lo - shard.start : hi - shard.start] if hi > lo else grad[:0]
-        parts.append(torch.linalg.vector_norm(part, dtype=torch.float32))
+    norms = param_norms(grad, env.layouts[u], shard.start, shard.end)
     (out,) = (v for v in op.writes if env.buffers.roles[v.slot] == R.GRAD_NORMS)
     dst = env.buffers.of(out, u)
-    if len(parts) > dst.numel():
-        raise ValueError(f"unit {u} has {len(parts)} parameters, its norms slot {dst.numel()}")
-    dst[: len(parts)].copy_(torch.stack(parts), non_blocking=env.cuda)
+    if len(norms) > dst.numel():
+        raise ValueError(f"unit {u} has {len(norms)} parameters, its norms slot {dst.numel()}")
+    dst[: len(norms)].copy_(norms, non_blocking=env.cuda)
+
+
+def param_norms(grad: torch.Tensor, layout: UnitLayout, start: int, end: int) -> torch.Tensor:
+    """FP32 L2 norms of each parameter's part inside elements [start, end) of the unit, whose
+    gradient there is `grad`, in `hf_order`."""
+    parts = []
+    for e in hf_order(layout):
+        lo, hi = max(e.offset, start), min(e.offset + e.numel, end)
+        part = grad[lo - start : hi - start] if hi > lo else grad[:0]
+        parts.append(torch.linalg.vector_norm(part, dtype=torch.float32))
+    return torch.stack(parts)
+
+
+def clip_scale(per_param: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, global norm) from every parameter's norm, as `clip_grad_norm_` has them."""
+    total = torch.linalg.vector_norm(per_param)
+    return (max_norm / (total + CLIP_EPS)).clamp(max=1.0), total
 
 
 def _gradient(env: Env, op: Op) -> torch.Tensor:
@@ -80,8 +93,7 @@ def norm(env: Env, lane: LaneState, op: Op) -> None:
     per_param = torch.cat(norms)
     if env.ranks is not None:  # a shard's parts: the squares summed over the ranks
         per_param = env.ranks.sum_(per_param.square(), lane.lane).sqrt()
-    total = torch.linalg.vector_norm(per_param)
-    scale = (env.global_clip_norm / (total + CLIP_EPS)).clamp(max=1.0)
+    scale, total = clip_scale(per_param, env.global_clip_norm)
     env.buffers.of(op.writes[0], op.unit).copy_(torch.stack([scale, total]))
     step = env.step_offset + op.step
     env.grad_norms[step] = float(total)

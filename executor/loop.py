@@ -108,6 +108,7 @@ class Progress:
     interrupted: bool = False
     last: float = 0.0  # clock at the previous report
     interval: tuple[float, int, dict[str, float]] = (0.0, 0, {})  # (clock, done, lane busy)
+    skipped_in_row: int = 0  # steps in a row a non-finite gradient norm skipped
 
 
 class Driver:
@@ -127,8 +128,10 @@ class Driver:
         window: StepWindow,
         log_every: int,
         steady_from: int = 2,
+        max_skipped_steps: int = 10,
     ) -> None:
         self.program, self.built, self.it, self.steps = program, run, it, steps
+        self.max_skipped_steps = max_skipped_steps
         self.start_step, self.on_step, self.saver = start_step, on_step, saver
         self.interrupts = DeferredInterrupts()
         recorder = Recorder(run.env.cuda, window)
@@ -270,12 +273,9 @@ class _Repetition:
         pr.losses.append(loss)
         pr.lrs.append(lr)
         pr.memory.add(pr.done, d.built.memory_sample(now - pr.recorder.t0))
-        if not math.isfinite(loss):
-            raise NonFiniteLossError(
-                f"step {self.base + step}: loss is {loss}; stopping (this step's update "
-                "has already been applied: keep the previous checkpoint)"
-            )
+        self._check_finite(self.base + step, loss)
         metrics = step_metrics(d.program, now - pr.last, env.ranks) | self._interval(now)
+        metrics |= self._clipping(self.base + step)
         pr.steady.add(pr.done, metrics["step_time_s"], metrics["tokens"])
         pr.last = now
         stop = d.on_step is not None and bool(d.on_step(self.base + step, loss, lr, metrics))
@@ -285,6 +285,36 @@ class _Repetition:
         pr.stop = pr.stop or stop
         if pr.done == 1:  # the first step's one-time objects are made: the steady state begins
             fill_tuple_free_lists()
+
+    def _check_finite(self, step: int, loss: float) -> None:
+        """A step global clipping skipped is counted (the run stops after `max_skipped_steps`
+        in a row); any other non-finite loss stops the run, its update already made."""
+        pr, env = self.d.progress, self.d.built.env
+        if step in env.skipped:
+            pr.skipped_in_row += 1
+            log.warning("step %d: the gradient norm is %s: step skipped, the state untouched",
+                        step, env.grad_norms.get(step))  # fmt: skip
+            if pr.skipped_in_row >= self.d.max_skipped_steps:
+                raise NonFiniteLossError(
+                    f"step {step}: {pr.skipped_in_row} steps in a row had non-finite gradients "
+                    "and were skipped; stopping (the state is that of the last good step)"
+                )
+            return
+        pr.skipped_in_row = 0
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"step {step}: loss is {loss}; stopping (this step's update has already been "
+                "applied: keep the previous checkpoint)"
+            )
+
+    def _clipping(self, step: int) -> dict[str, Any]:
+        """Global clipping's figures of the step: its gradient norm, the steps skipped so far."""
+        env = self.d.built.env
+        if step not in env.grad_norms:
+            return {}
+        norm = env.grad_norms.pop(step)
+        return {"grad_norm": norm if math.isfinite(norm) else None,
+                "skipped": step in env.skipped, "skipped_steps": len(env.skipped)}  # fmt: skip
 
     def _interval(self, now: float) -> dict[str, Any]:
         """Every `log_every` steps: tokens/s and each lane's busy share over those steps, and

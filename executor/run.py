@@ -91,7 +91,9 @@ class Options:
     state homed on NVMe, the very RAM the NVMe tier saves. `nvme_dir`: drive k's file goes in
     nvme_dir[k % len] (None: a temporary directory). `ranks`: this process's rank of a
     data-parallel run (`executor.ranks`): the batches hold the global micro-batches, each rank
-    takes its rows and updates its shard of each unit; only rank 0's result holds the state."""
+    takes its rows and updates its shard of each unit; only rank 0's result holds the state.
+    `max_skipped_steps`: under global clipping, the steps in a row skipped for a non-finite
+    gradient norm after which the run stops."""
 
     device: torch.device
     dtype: torch.dtype
@@ -103,6 +105,7 @@ class Options:
     hand_back: bool = True
     ranks: Ranks | None = None
     phases: Phases = field(default_factory=Phases)
+    max_skipped_steps: int = 10  # global clipping: non-finite steps in a row that stop the run
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +158,7 @@ class Engine:
             window=window,
             log_every=options.log_every,
             steady_from=options.steady_from,
+            max_skipped_steps=options.max_skipped_steps,
         )
 
     def __enter__(self) -> Engine:
@@ -198,6 +202,7 @@ class Engine:
         old.close()
         self._closed = old
         moved = self._build(program, weights, moments, self.start.step + self.done, Phases())
+        moved.env.skipped.update(old.env.skipped)  # the bias correction counts updates made
         self.driver.move(program, moved)
 
     def finish(self) -> TrainResult:

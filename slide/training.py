@@ -88,6 +88,7 @@ class TrainRequest:
     # the steps --trace/--gantt/--save-trace show; None: `executor.recording.default_trace_steps`
     trace_steps: tuple[int, int] | None = None
     log_every: int = 10  # metrics add tokens/s and lane busy shares over every N steps
+    max_skipped_steps: int = 10  # global clipping: non-finite steps in a row that stop the run
     gantt: str | None = None
     save_trace: str | None = None  # the measured Trace in Slide's format (for compare-trace)
     progress: bool = True
@@ -172,6 +173,10 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
     """Everything the user can get wrong, checked before any weight is touched."""
     if req.log_every < 1:
         raise UserError(f"--log-every must be a step count >= 1, got {req.log_every}")
+    if req.max_skipped_steps < 1:
+        raise UserError(
+            f"--max-skipped-steps must be a step count >= 1, got {req.max_skipped_steps}"
+        )
     if req.save_every < 0:
         raise UserError(
             f"--save-every must be 0 (only at the end) or a step count, got {req.save_every}"
@@ -276,6 +281,7 @@ def _fine_tune(
                 on_save=ckpt.save if ckpt else None,
                 trace_steps=req.trace_steps,
                 log_every=req.log_every,
+                max_skipped_steps=req.max_skipped_steps,
                 phases=phases,
                 on_finish=final_save,
                 hand_back=False,

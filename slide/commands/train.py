@@ -139,6 +139,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="every N steps the metrics line adds tokens/s and each lane's busy share over "
         "those N [10]",
     )
+    parser.add_argument(
+        "--max-skipped-steps",
+        type=int,
+        default=10,
+        help="with --clip global, stop after this many steps in a row skipped for a "
+        "non-finite gradient norm [10]",
+    )
     parser.add_argument("--gantt", help="write the measured Gantt chart PNG here")
     parser.add_argument("--save-trace", help="write the measured Trace in Slide's format here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -262,6 +269,7 @@ def _request(args: argparse.Namespace, notices: list[str], flags: dict[str, Any]
         trace=args.trace,
         trace_steps=preflight.step_range(args.trace_steps) if args.trace_steps else None,
         log_every=args.log_every,
+        max_skipped_steps=args.max_skipped_steps,
         gantt=args.gantt,
         save_trace=args.save_trace,
         progress=not args.no_progress,
