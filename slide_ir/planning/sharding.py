@@ -20,7 +20,7 @@ K = OpKind
 R = PoolRole
 # kinds whose work is a unit's parameters, each rank doing its shard's part of it
 _PER_ELEMENT = frozenset({K.H2D_PARAM, K.D2H_GRAD, K.ADAM, K.GPU_ADAM, K.OPT_H2D, K.OPT_D2H,
-                          K.W_D2H, K.CAST, K.GRAD_ACCUM})  # fmt: skip
+                          K.W_D2H, K.CAST, K.GRAD_ACCUM, K.GRAD_NORM})  # fmt: skip
 _STATE_IO = frozenset({K.NVME_READ, K.NVME_WRITE})  # per element when they move a unit's state
 # pools holding per-element state or its staging, split by element range
 _SHARDED = frozenset({R.GRAD_LANDING, R.HOST_WEIGHTS, R.GRAD_ACCUM, R.MASTER, R.MOMENTS,
@@ -79,8 +79,8 @@ def _rewrite(
         deps = [then.get(d, d) for d in op.deps] + [w for w in after if w in collectives]
         op = replace(op, deps=tuple(dict.fromkeys(deps)))
         q = unit_params(model, op.unit)
-        if op.kind in (K.D2H_GRAD, K.GPU_ADAM):
-            g = next(v for v in op.reads if v.name == f"L{op.unit}.g")
+        g = _unreduced_gradient(op, writer, collectives)
+        if g is not None:
             rs = _collective(op, K.REDUCE_SCATTER, "g.rs", g, writer[(g.name, g.slot)], q, nproc)
             out.append(rs)
             collectives.add(rs.id)
@@ -99,6 +99,20 @@ def _rewrite(
             then[op.id] = ag.id
             writer[(w.name, w.slot)] = ag.id
     return out
+
+
+def _unreduced_gradient(
+    op: Op, writer: dict[tuple[str, str], str], collectives: set[str]
+) -> Value | None:
+    """The GPU gradient `op` is the first to take after the backward (its download, its
+    device update, global clipping's norm of it), which the ranks must sum first."""
+    first_takers = op.kind in (K.D2H_GRAD, K.GPU_ADAM) or (
+        op.kind == K.GRAD_NORM and op.lane == "gpu"
+    )
+    if not first_takers:
+        return None
+    g = next(v for v in op.reads if v.name == f"L{op.unit}.g")
+    return None if writer.get((g.name, g.slot)) in collectives else g
 
 
 def _collective(op: Op, kind: OpKind, what: str, value: Value, after: str, q: int,

@@ -135,8 +135,12 @@ class _Micro:
             return
         if unit in ctx.resident:
             if self.last and self.deferred:
-                self.deferred.grad_norm(unit, "gpu", [produced_by], ctx.at(grads(unit), ctx.on_gpu(unit)))
-                self.deferred.defer(unit, lambda deps, scale: device_update(ctx, step, unit, deps, scale))
+                self.deferred.grad_norm(
+                    unit, "gpu", [produced_by], ctx.at(grads(unit), ctx.on_gpu(unit))
+                )
+                self.deferred.defer(
+                    unit, lambda deps, scale: device_update(ctx, step, unit, deps, scale)
+                )
             elif self.last:
                 ctx.last_update[unit] = device_update(ctx, step, unit)
             return

@@ -44,6 +44,12 @@ CASES: dict[str, tuple[bool | dict, dict]] = {
         False,
         {"activations": "nvme", "optimizer": "nvme-moments", "drives": 2},
     ),
+    # global clipping: norms of resident units on the GPU after their reduce-scatter, of host
+    # units from their landed shards; the squares summed over the ranks
+    "tied-resident-global-clip-accum": (
+        True,
+        {"resident": 2, "clip": "global", "clip_norm": 0.05, "grad_accum": 2},
+    ),
     "kept-tapes": (True, {"keep_activations": 2}),  # the top 2 layers' forwards keep tapes
     "fast": (False, {"placement": "fast"}),  # what the placement search picks
 }

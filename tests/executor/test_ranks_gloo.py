@@ -30,7 +30,8 @@ from slide_ir.planning.planner import plan
 
 RANK_SCRIPT = Path(__file__).with_name("dp_rank.py")
 REPO = os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])
-THREE_RANK_CASES = ("sliding", "qwen2-tied-resident", "tied-resident-clip-accum", "tied-streamed")
+THREE_RANK_CASES = ("sliding", "qwen2-tied-resident", "tied-resident-clip-accum", "tied-streamed",
+                    "tied-resident-global-clip-accum")  # fmt: skip
 
 
 @dataclass

@@ -26,6 +26,12 @@ CASES = {
     "accum-resident": ("llama-3.2-1b", "paper-server-a100", {"grad_accum": 2, "resident": 4}),
     "zero-offload": ("llama-3.2-1b", "paper-pc-4090", {"schedule": "zero-offload"}),
     "gpu-only": ("qwen2.5-0.5b", "paper-pc-4090", {"schedule": "gpu-only"}),
+    "global-clip-searched-8b": ("llama-3.1-8b", "h200-16c-128g", {"clip": "global"}),
+    "global-clip-nvme-accum": (
+        "qwen2.5-3b",
+        "paper-pc-4090",
+        {"clip": "global", "optimizer": "nvme", "grad_accum": 2, "drives": 2},
+    ),
 }
 
 
