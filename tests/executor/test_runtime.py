@@ -35,6 +35,7 @@ FAMILIES = [
     {"schedule": "gpu-only"},
     {"optimizer": "nvme", "drives": 2, "placement": "small"},
     {"optimizer": "nvme-moments", "drives": 1},
+    {"clip": "global", "resident": 1, "grad_accum": 2},  # per-unit norms, the step's norm
 ]
 
 

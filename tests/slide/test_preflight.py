@@ -78,7 +78,7 @@ def test_a_bad_choice_lists_plain_strings(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--clip", "bogus"])
     err = capsys.readouterr().err
-    assert "(choose from 'none', 'per-unit')" in err and "<Clip" not in err
+    assert "(choose from 'none', 'per-unit', 'global')" in err and "<Clip" not in err
 
 
 def test_a_mistyped_flag_shows_the_subcommands_usage(capsys):

@@ -189,8 +189,8 @@ def test_per_unit_clipping_reads_the_gradient_once_more(llama8b, pc):
     clipped = plan(llama8b, pc, TrainConfig(batch=1, seq=64, steps=1, clip="per-unit", streamed=0))
     op = clipped.graph.op("s1.L3.adam")
     assert op.work.bytes - plain.work.bytes == 2 * llama8b.layer_params
-    with pytest.raises(ValueError, match="clip must be one of none, per-unit"):
-        TrainConfig(batch=1, seq=64, clip="global")
+    with pytest.raises(ValueError, match="clip must be one of none, per-unit, global"):
+        TrainConfig(batch=1, seq=64, clip="layer")
 
 
 def test_the_final_save_reads_gpu_kept_state_a_unit_at_a_time(llama8b):
