@@ -10,6 +10,7 @@ operands from the op's values, in the order `OpKind` documents for the kind:
     BWD (0)    reads (weights, tokens, dx)       writes (grads)
     LOSS       reads (weights, x, tokens[, tied embedding weights])
                writes (grads, dx[, tied embedding grads])
+    EVAL_LOSS  reads (weights, x, tokens[, tied embedding weights])   writes nothing
     GPU_ADAM   reads (grads, state)              writes (weights, state)
 
 Parameter gradients are accumulated by autograd straight into the unit's gradient buffer: each
@@ -157,6 +158,32 @@ def loss(env: Env, lane: LaneState, op: Op) -> None:
     total += value.detach()
     if op.micro == env.grad_accum - 1:
         env.loss_host[op.step - 1].copy_(total, non_blocking=True)
+
+
+def eval_loss(env: Env, lane: LaneState, op: Op) -> None:
+    """An eval batch's head forward alone: its summed token loss (the staged scale is 1) into
+    the batch's loss slot, no gradient anywhere."""
+    u = op.unit
+    head = env.buffers.unit_at(op.reads[0], u)
+    tokens = env.buffers.tokens(op.reads[2])
+    tied = op.read_as(Role.TIED)
+    if tied is not None:
+        lm = env.layouts[0].views(env.buffers.unit_at(tied, 0).w)["embed.w"]
+    else:
+        lm = env.layouts[u].views(head.w)["lm.w"]
+    with torch.no_grad():
+        value = layers.head_loss(
+            env.buffers.of(op.reads[1], u),
+            env.layouts[u].views(head.w)["norm"],
+            lm,
+            tokens.labels,
+            eps=env.spec.rms_norm_eps,
+            scale=tokens.scale,
+            chunk=env.lce_chunk,
+        )
+    total = env.loss_dev[op.step - 1]
+    total.copy_(value)
+    env.loss_host[op.step - 1].copy_(total, non_blocking=True)
 
 
 def gpu_adam(env: Env, lane: LaneState, op: Op) -> None:

@@ -169,6 +169,7 @@ HANDLERS: dict[OpKind, Handler] = {
     OpKind.RECOMPUTE: compute.recompute,
     OpKind.BWD: compute.bwd,
     OpKind.LOSS: compute.loss,
+    OpKind.EVAL_LOSS: compute.eval_loss,
     OpKind.H2D_PARAM: h2d_param,
     OpKind.D2H_GRAD: d2h_grad,
     OpKind.ADAM: adam_host,

@@ -29,6 +29,7 @@ import torch
 from executor import setup as setup_mod
 from executor import state as state_mod
 from executor.env import Env, MicroBatch
+from executor.evaluation import Eval, Evaluator
 from executor.free_lists import fill_tuple_free_lists
 from executor.interrupts import AbortRun, DeferredInterrupts
 from executor.ranks import Ranks
@@ -129,8 +130,10 @@ class Driver:
         log_every: int,
         steady_from: int = 2,
         max_skipped_steps: int = 10,
+        evaluate: Eval | None = None,
     ) -> None:
         self.program, self.built, self.it, self.steps = program, run, it, steps
+        self.evaluate = evaluate
         self.max_skipped_steps = max_skipped_steps
         self.start_step, self.on_step, self.saver = start_step, on_step, saver
         self.interrupts = DeferredInterrupts()
@@ -167,8 +170,9 @@ class Driver:
         shared: Shared | None = None
         try:
             engines, ran = self._engines(env, until), set[int]()
+            evaluator = Evaluator(self.evaluate, env, self.program) if self.evaluate else None
             while pr.done < until and not pr.stop:
-                n = next_pass(self.program.info.steps, pr.done, until)
+                n = self._next_pass(pr.done, until)
                 shared = engines[n]
                 if n in ran:
                     shared.rerun()
@@ -178,6 +182,8 @@ class Driver:
                 global_step = self.start_step + pr.done
                 if self.saver and pr.done < self.steps and self.saver.due(global_step):
                     self.saver.save(global_step, self.built)
+                if evaluator is not None:
+                    self._evaluate(evaluator, lanes, global_step)
         except BaseException as exc:
             if env.ranks is not None:  # tell the other ranks first: they may be waiting on us
                 env.ranks.settle(shared.error[0] if shared is not None and shared.error else exc)
@@ -194,11 +200,27 @@ class Driver:
         length, made now: a pass's graph made in the steady state was host memory taken there."""
         lengths, at = dict[int, None](), self.progress.done
         while at < until:
-            lengths[n := next_pass(self.program.info.steps, at, until)] = None
+            lengths[n := self._next_pass(at, until)] = None
             at += n
         return {
             n: make_shared(env, self.program.pass_graph(n), self.progress.recorder) for n in lengths
         }
+
+    def _evaluate(self, evaluator: Evaluator, lanes: Lanes, global_step: int) -> None:
+        """The eval due after `global_step` (its every-N step, or the run's last), if one is."""
+        pr = self.progress
+        if not (evaluator.ev.due(global_step) or pr.done == self.steps):
+            return
+        if evaluator.run(lanes, global_step, self.interrupts):
+            log.warning("interrupted: the eval after step %d is done", global_step)
+            pr.stop = pr.interrupted = True
+
+    def _next_pass(self, done: int, until: int) -> int:
+        """Steps of the pass after `done` on the way to `until`: it ends where an eval is due."""
+        if self.evaluate is not None:
+            due = self.evaluate.next_stop(self.start_step + done) - self.start_step
+            until = min(until, due)
+        return next_pass(self.program.info.steps, done, until)
 
     def _repeat(self, lanes: Lanes, shared: Shared, n: int) -> bool:
         """One pass over the graph; False when the run stopped inside it."""

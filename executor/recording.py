@@ -136,6 +136,15 @@ class Recorder:
         return tuple(sorted(self.spans, key=lambda s: (s.start, s.end)))
 
 
+class Unrecorded(Recorder):
+    """The recorder of passes whose spans nobody reads: an eval pass's (its time is the wall
+    clock's, in the eval's figures), kept out of the trace, the lanes' busy shares and the
+    re-fit's measurements."""
+
+    def put(self, op: Op, start: object, end: object) -> None:
+        return
+
+
 def _renumbered(op_id: str, step: int) -> str:
     head, _, rest = op_id.partition(".")
     return f"s{step}.{rest}" if head.startswith("s") and head[1:].isdigit() else op_id

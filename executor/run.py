@@ -28,6 +28,7 @@ from executor import handlers, host_adam, leftovers
 from executor import knobs as knobs_mod
 from executor import setup as setup_mod
 from executor.adam import AdamWConfig
+from executor.evaluation import Eval, OnEval
 from executor.loop import DataError, Driver, NonFiniteLossError, OnSave, OnStep, Saver
 from executor.phases import Phases
 from executor.ranks import Ranks
@@ -73,12 +74,15 @@ class Hooks:
     read_state) after every step whose global number is a multiple of `save_every`, except the
     last: the next step is fed only once it returns. on_finish(step, read_state) once after the
     last step, the engine still up (the caller's final save). Data parallel: pass them on every
-    rank; on_save and on_finish are called on rank 0 (the others serve its reads meanwhile)."""
+    rank; on_save and on_finish are called on rank 0 (the others serve its reads meanwhile).
+    `evaluate`: the eval loss after every N steps and the last (`executor.evaluation`; the
+    Program must hold its eval passes), one process only."""
 
     on_step: OnStep | None = None
     on_save: OnSave | None = None
     save_every: int = 0
     on_finish: OnSave | None = None
+    evaluate: Eval | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,7 +135,9 @@ class Engine:
     ) -> None:
         if options.log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {options.log_every}")
-        for graph in program.passes.values():  # an op it cannot run is refused before set-up
+        if hooks.evaluate is not None and (not program.evaluation or options.ranks is not None):
+            raise ValueError("an eval needs a one-process Program planned with its eval passes")
+        for graph in (*program.passes.values(), *program.evaluation.values()):  # before set-up
             handlers.lower(graph)
         check_device(program, options.device)
         self.start, self.steps, self.hooks, self.options = start, steps, hooks, options
@@ -159,6 +165,7 @@ class Engine:
             log_every=options.log_every,
             steady_from=options.steady_from,
             max_skipped_steps=options.max_skipped_steps,
+            evaluate=hooks.evaluate,
         )
 
     def __enter__(self) -> Engine:
@@ -318,10 +325,12 @@ __all__ = [
     "AdamWConfig",
     "DataError",
     "Engine",
+    "Eval",
     "Hooks",
     "InfeasiblePlanError",
     "MemorySample",
     "NonFiniteLossError",
+    "OnEval",
     "OnSave",
     "OnStep",
     "Options",

@@ -209,6 +209,7 @@ def build(
         buffers: Buffers = allocate(p.graph, s)
     info = p.graph.info
     act_bytes = info.batch * info.seq * p.model.hidden_size * dtype.itemsize
+    losses = max([info.steps, *p.evaluation])  # a slot per step of the longest pass, eval too
     store, fmt = _nvme(p, s, nvme_dir, act_bytes, device.type == "cuda", ranks)
     env = Env(
         spec=p.model,
@@ -224,8 +225,8 @@ def build(
         total_steps=total_steps,
         lce_chunk=info.lce_chunk or None,
         grad_accum=info.grad_accum,
-        loss_dev=torch.zeros(info.steps, dtype=torch.float32, device=device),
-        loss_host=torch.zeros(info.steps, dtype=torch.float32, pin_memory=s.pin),
+        loss_dev=torch.zeros(losses, dtype=torch.float32, device=device),
+        loss_host=torch.zeros(losses, dtype=torch.float32, pin_memory=s.pin),
         # two steps' micro-batches: the driver feeds one step ahead (executor/staging.py)
         staging=TokenStaging((info.batch, info.seq), 2 * info.grad_accum, s.pin),
         step_t=torch.zeros((), dtype=torch.float32, device=device),

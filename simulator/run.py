@@ -17,6 +17,7 @@ from slide_ir.ir.trace import Metrics, Trace, trace_metrics
 from slide_ir.planning.cost import CostModel, Efficiency
 from slide_ir.planning.ledger import REPORT_TIERS
 from slide_ir.planning.planner import Plan, plan
+from slide_ir.planning.programs import eval_graph
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine, load_machine
 from slide_ir.specs.model import ModelSpec, load_model
@@ -27,6 +28,7 @@ class SimResult:
     plan: Plan
     trace: Trace | None  # None when the plan is infeasible
     metrics: Metrics | None
+    eval_batch_s: float | None = None  # an eval batch's forward-only pass, steady (`eval_seconds`)
 
     @property
     def feasible(self) -> bool:
@@ -52,6 +54,7 @@ class SimResult:
         }
         if self.metrics is not None:
             out.update(_metric_fields(self.metrics))
+            out["eval_batch_s"] = self.eval_batch_s
         return out
 
 
@@ -116,4 +119,17 @@ def simulate_plan(
         return SimResult(plan=p, trace=None, metrics=None)
     costs = CostModel(mach, cpu_threads=config.cpu_threads, efficiency=efficiency)
     trace = simulate_shared_dram(p.graph, costs, meta={"cost_model": costs.describe()})
-    return SimResult(plan=p, trace=trace, metrics=trace_metrics(trace, p.graph))
+    return SimResult(plan=p, trace=trace, metrics=trace_metrics(trace, p.graph),
+                     eval_batch_s=eval_seconds(p, costs))  # fmt: skip
+
+
+EVAL_SIMULATED = 3  # eval batches simulated: the first pays the pipeline's fill
+
+
+def eval_seconds(p: Plan, costs: CostModel) -> float:
+    """Seconds of one eval batch (`slide train --eval-data`: the forward-only graph on the
+    plan's pools), in the steady state: between the ends of the first and the last of
+    `EVAL_SIMULATED` batches, per batch."""
+    trace = simulate_shared_dram(eval_graph(p, EVAL_SIMULATED), costs)
+    ends = [max(s.end for s in trace.spans if s.step == k) for k in (1, EVAL_SIMULATED)]
+    return (ends[1] - ends[0]) / (EVAL_SIMULATED - 1)

@@ -114,37 +114,56 @@ def batches(
     seed: int = 0,
     vocab_size: int | None = None,
     source: str = "data",
+    windows: np.ndarray | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches `start` to `count` - 1 of (input_ids, labels), each (batch, seq) int64; epochs
-    repeat. The ones before `start` (a resume's) advance the order without being read."""
-    windows = stream.windows(seq)
-    if windows < batch:
+    repeat. The ones before `start` (a resume's) advance the order without being read.
+    `windows`: the window indices to draw from (the others held out for eval); None: all."""
+    drawn = stream.windows(seq) if windows is None else len(windows)
+    if drawn < batch:
         need = batch * seq + 1
+        held = "" if windows is None else f" ({drawn} windows of {seq} left for training)"
         raise DataError(
-            f"{source} holds {len(stream.ids)} tokens: one batch of {batch} x {seq} needs {need}"
+            f"{source} holds {len(stream.ids)} tokens{held}: one batch of {batch} x {seq} "
+            f"needs {need}"
         )
-    if vocab_size is not None and stream.max_id >= vocab_size:
-        raise DataError(
-            f"{source} holds token id {stream.max_id} >= the model's vocab_size {vocab_size}"
-        )
-    order = _window_order(windows, shuffle, seed)
-    # each window maps its own pages and the fault-around beside them, in each array
-    arrays = 1 if stream.predict is None else 2
-    mapped, per_batch = 0, batch * arrays * ((seq + 1) * stream.ids.itemsize + FAULT_AROUND)
+    check_vocab(stream, vocab_size, source)
+    order = _window_order(drawn, shuffle, seed)
+    mapped, per_batch = 0, batch * _mapped_per_window(stream, seq)
     for n in range(count):
         idx = [int(next(order)) for _ in range(batch)]  # i * seq overflows an int32
         if n < start:
             continue
-        rows = np.stack([stream.ids[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)
-        labels = rows[:, 1:]
-        if stream.predict is not None:
-            keep = np.stack([stream.predict[i * seq + 1 : i * seq + seq + 1] for i in idx])
-            labels = np.where(keep, labels, IGNORE_INDEX)
+        if windows is not None:
+            idx = [int(windows[i]) for i in idx]
         mapped += per_batch
         if mapped >= RELEASE_BYTES:
             stream.release()
             mapped = 0
-        yield torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(np.ascontiguousarray(labels))
+        yield window_rows(stream, idx, seq)
+
+
+def check_vocab(stream: TokenStream, vocab_size: int | None, source: str) -> None:
+    if vocab_size is not None and stream.max_id >= vocab_size:
+        raise DataError(
+            f"{source} holds token id {stream.max_id} >= the model's vocab_size {vocab_size}"
+        )
+
+
+def _mapped_per_window(stream: TokenStream, seq: int) -> int:
+    """Bytes a window maps: its own pages and the fault-around beside them, in each array."""
+    arrays = 1 if stream.predict is None else 2
+    return arrays * ((seq + 1) * stream.ids.itemsize + FAULT_AROUND)
+
+
+def window_rows(stream: TokenStream, idx: list[int], seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, labels) of windows `idx`, each (len(idx), seq) int64."""
+    rows = np.stack([stream.ids[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)
+    labels = rows[:, 1:]
+    if stream.predict is not None:
+        keep = np.stack([stream.predict[i * seq + 1 : i * seq + seq + 1] for i in idx])
+        labels = np.where(keep, labels, IGNORE_INDEX)
+    return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(np.ascontiguousarray(labels))
 
 
 def _window_order(windows: int, shuffle: bool, seed: int) -> Iterator[int]:

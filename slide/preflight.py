@@ -96,6 +96,28 @@ def schedule_options(config: TrainConfig) -> None:
         )
 
 
+def eval_options(args: argparse.Namespace) -> None:
+    """--eval-data or --eval-fraction (one of them), --eval-every and --eval-batches."""
+    evaluates = args.eval_data is not None or args.eval_fraction is not None
+    if args.eval_data is not None and args.eval_fraction is not None:
+        raise UserError(f"--eval-data {args.eval_data} and --eval-fraction {args.eval_fraction}: "
+                        "give one eval set, a file or a held-out fraction")  # fmt: skip
+    if args.eval_fraction is not None and not 0 < args.eval_fraction < 1:
+        raise UserError(f"--eval-fraction must be between 0 and 1 (exclusive), got "
+                        f"{args.eval_fraction}")  # fmt: skip
+    if args.eval_data is not None and not Path(args.eval_data).is_file():
+        raise UserError(f"--eval-data {args.eval_data}: no such file")
+    if args.eval_every is not None and args.eval_every < 1:
+        raise UserError(f"--eval-every must be a step count >= 1, got {args.eval_every}")
+    if args.eval_batches < 0:
+        raise UserError(f"--eval-batches must be a batch count >= 1, or 0 for the whole eval "
+                        f"set, got {args.eval_batches}")  # fmt: skip
+    for given in ("eval_every", "eval_batches"):
+        if given in args.given and not evaluates:
+            raise UserError(f"--{given.replace('_', '-')} does nothing without an eval set: add "
+                            "--eval-data FILE or --eval-fraction F")  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainRun:
     """What `check_train` needs of a run beyond its flags, resolved without planning."""
@@ -125,6 +147,7 @@ def check_train(args: argparse.Namespace, run: TrainRun) -> None:
             f"--clip-norm {args.clip_norm} does nothing without a clip mode: add --clip "
             "per-unit, or drop --clip-norm"
         )
+    eval_options(args)
     to_run = args.steps - (run.resumed[1] if run.resumed else 0)
     if args.trace_steps and to_run >= 1:  # none left: `slide.resume` says there is nothing to do
         _, last = step_range(args.trace_steps)

@@ -59,9 +59,10 @@ class Resumed:
 # placement fields are not among them: a resume may place the same run differently)
 CONFIG_DESTS = {"batch": "batch", "seq": "seq", "grad_accum": "grad_accum", "clip": "clip",
                 "clip_norm": "clip_norm", "moments_dtype": "moments"}  # fmt: skip
-# run inputs recorded beside them, by destination: what --model, --data, --tokenizer and
-# --seed named, and whether --no-shuffle was given
-INPUT_DESTS = {"model_source": "model", "data": "data", "tokenizer": "tokenizer", "seed": "seed"}
+# run inputs recorded beside them, by destination: what --model, --data, --tokenizer, --seed
+# and --eval-fraction (the windows training never draws) named, and whether --no-shuffle was given
+INPUT_DESTS = {"model_source": "model", "data": "data", "tokenizer": "tokenizer", "seed": "seed",
+               "eval_fraction": "eval_fraction"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +85,7 @@ def state_json(
     model_source: str,
     tokenizer: str | None,
     shuffle: bool,
+    eval_fraction: float | None = None,
 ) -> str:
     """`model_source` is what --model named (a catalog name or a directory); paths are stored
     absolute, so a resume from another directory finds them."""
@@ -101,6 +103,7 @@ def state_json(
         "model_source": _absolute(model_source) if model_dir else model_source,
         "tokenizer": _absolute(tokenizer),
         "shuffle": shuffle,
+        "eval_fraction": eval_fraction,  # the windows held out of training (`slide.eval_data`)
     }
     return json.dumps(state, indent=2)
 

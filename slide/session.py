@@ -25,7 +25,7 @@ from executor.loop import OnSave, OnStep
 from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.recording import default_trace_steps
-from executor.run import Engine, Hooks, InfeasiblePlanError, Options, Start, TrainResult
+from executor.run import Engine, Eval, Hooks, InfeasiblePlanError, Options, Start, TrainResult
 from slide.calibration.auto_machine import refit_cache
 from slide.errors import UserError
 from slide_ir.planning import refit
@@ -72,6 +72,7 @@ def train(
     replan_request: TrainConfig | None = None,
     refit_profile: bool = False,
     ranks: Ranks | None = None,
+    evaluate: Eval | None = None,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps (`executor.run` says what
     each hook and option does). `planned`: the plan to run (else the planner's for `config`;
@@ -84,15 +85,20 @@ def train(
     holds both, and only when the steps left are predicted to save more than the move costs
     (`MOVE_COST_PER_SETUP` times this run's set-up). `refit_profile`: the re-fit rates are
     written back into this host's cached `--machine auto` profile, for the next run to plan
-    with from its first step."""
-    if ranks is not None and replan_request is not None:
-        raise ValueError("re-planning is for one process: data-parallel ranks keep their plan")
+    with from its first step. `evaluate`: the eval loss every N steps and after the last, on
+    eval passes planned beside the training ones (one process only)."""
+    if ranks is not None and (replan_request is not None or evaluate is not None):
+        raise ValueError("re-planning and evals are for one process: data-parallel ranks "
+                         "run neither")  # fmt: skip
     dev, dtype = _device(device, dtype)
     p = pass_plan(planned or _plan(model_spec, machine, config, ranks), _graph_steps(config))
     check_feasible(p, dev) if ranks is None else check_ranks_fit(p, ranks, dev)
     checked_after = REPLAN_AFTER if replan_request is not None else None
     checking = checked_after is not None and config.steps > REPLAN_AFTER
     stops = [REPLAN_AFTER, config.steps] if checking else [config.steps]
+    if evaluate is not None:
+        stops = sorted({*stops, *eval_stops(evaluate, start_step, config.steps)})
+    eval_batches = evaluate.batches if evaluate is not None else 0
     optim = optim or AdamWConfig()
     options = Options(
         device=dev,
@@ -113,16 +119,18 @@ def train(
         step=start_step,
         total_steps=optim.total_steps or (start_step + config.steps),
     )
-    hooks = Hooks(on_step=on_step, on_save=on_save, save_every=save_every, on_finish=on_finish)
+    hooks = Hooks(on_step=on_step, on_save=on_save, save_every=save_every, on_finish=on_finish,
+                  evaluate=evaluate)  # fmt: skip
     checked: refit.Replanned | None = None
     try:
-        first = _program(p, stops, 0, dev, ranks)
+        first = _program(p, stops, 0, dev, ranks, eval_batches)
         with Engine(first, start, batches, config.steps, hooks, options) as engine:
             if checking:
                 assert replan_request is not None
                 engine.advance(REPLAN_AFTER)
                 if engine.done == REPLAN_AFTER and not engine.stopped:
-                    checked = _check_placement(engine, p, replan_request, config.steps, dev)
+                    checked = _check_placement(engine, p, replan_request, stops, dev,
+                                               eval_batches)  # fmt: skip
             engine.advance(config.steps)
             result = engine.finish()
     except torch.OutOfMemoryError as exc:
@@ -180,19 +188,37 @@ def _plan(spec: ModelSpec, machine: Machine, config: TrainConfig, ranks: Ranks |
     return plan(spec, machine, graph_config(rank_config), nproc=ranks.nproc)
 
 
+def eval_stops(evaluate: Eval, start_step: int, steps: int) -> list[int]:
+    """The steps of this run (counted from its first) after which an eval is due: every
+    `every`-th global step, and the last."""
+    first = evaluate.next_stop(start_step) - start_step
+    return [*range(first, steps, evaluate.every), steps]
+
+
 def _program(
-    p: Plan, stops: list[int], done: int, dev: torch.device, ranks: Ranks | None
+    p: Plan,
+    stops: list[int],
+    done: int,
+    dev: torch.device,
+    ranks: Ranks | None,
+    eval_batches: int = 0,
 ) -> Program:
     nproc, rank = (ranks.nproc, ranks.rank) if ranks is not None else (1, 0)
     threads = optimizer_threads(p.config, nproc)
     return program(p, stops, done=done, cpu_threads=threads, nproc=nproc, rank=rank,
-                   predicted=dev.type == "cuda")  # fmt: skip
+                   predicted=dev.type == "cuda", eval_batches=eval_batches)  # fmt: skip
 
 
 def _check_placement(
-    engine: Engine, p: Plan, request: TrainConfig, steps: int, dev: torch.device
+    engine: Engine,
+    p: Plan,
+    request: TrainConfig,
+    stops: list[int],
+    dev: torch.device,
+    eval_batches: int,
 ) -> refit.Replanned:
     """After the check's stretch: re-fit, re-plan, and move when it pays (see `train`)."""
+    steps = stops[-1]
     measured = engine.measured()
     ran = pass_plan(p, REPLAN_AFTER)
     check = refit.replan(ran, request, measured.busy, measured.steps, measured.by_kind)
@@ -207,7 +233,7 @@ def _check_placement(
     new_p = pass_plan(check.plan, p.config.steps)
     check_feasible(new_p, dev)
     log.warning("re-plan after step %d: %s", engine.start.step + engine.done, check.reason)
-    engine.move(_program(new_p, [steps], engine.done, dev, None))
+    engine.move(_program(new_p, stops, engine.done, dev, None, eval_batches))
     return check
 
 

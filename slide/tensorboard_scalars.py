@@ -3,7 +3,8 @@ metrics JSONL.
 
 Every number of a step's metrics line is one scalar, tagged `train/<field>` (loss, lr,
 step_time_s, tokens_per_s, model_tflops, a gradient norm where the run reports one), at the
-optimizer step; nested figures and the config are left to the JSONL. The writer is
+optimizer step; an eval's (`--eval-data`, `--eval-fraction`) are tagged `eval/<field>`
+(`eval/loss`, `eval/tokens`, `eval/s`); nested figures and the config are left to the JSONL. The writer is
 `torch.utils.tensorboard.SummaryWriter`, which needs the `tensorboard` package: an optional
 extra (`pip install 'slide[tensorboard]'`), checked before the run starts. A resumed run purges
 the events a crash left past its checkpoint's step, as the metrics file drops such lines.
@@ -36,14 +37,15 @@ class Scalars:
         purge = None if resumed_at is None else resumed_at + 1
         self.writer = summary_writer_class()(log_dir=directory, purge_step=purge)
 
-    def write(self, step: int, row: Mapping[str, Any]) -> None:
+    def write(self, step: int, row: Mapping[str, Any], group: str = "train") -> None:
+        """`row`'s numbers as `group/<field>` (an eval's `eval_loss` as `eval/loss`)."""
         for key, value in row.items():
             if (
                 key not in SKIPPED
                 and isinstance(value, int | float)
                 and not isinstance(value, bool)
             ):
-                self.writer.add_scalar(f"train/{key}", value, step)
+                self.writer.add_scalar(f"{group}/{key.removeprefix(group + '_')}", value, step)
         self.writer.flush()
 
     def close(self) -> None:

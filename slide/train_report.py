@@ -71,6 +71,7 @@ class Reporter:
     start: int
     phases: Phases = field(default_factory=Phases)
     losses: LossStats = field(default_factory=LossStats)
+    evals: LossStats = field(default_factory=LossStats)  # the eval losses (`executor.evaluation`)
 
     def __post_init__(self) -> None:
         from tqdm import tqdm
@@ -79,6 +80,7 @@ class Reporter:
             total=self.total, initial=self.start, unit="step", disable=not self.req.progress,
             desc="train", dynamic_ncols=True,
         )  # fmt: skip
+        self.shown: dict[str, str] = {}  # the bar's figures
         self.metrics = None
         if self.req.metrics:
             Path(self.req.metrics).parent.mkdir(parents=True, exist_ok=True)
@@ -96,15 +98,33 @@ class Reporter:
         self.phases.mark("first step end")
         self.losses.add(loss)
         self.bar.update(1)
-        self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
+        self._postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
         row = {"step": step, "loss": loss, "lr": lr, **metrics}
-        if self.metrics:
-            if self.losses.steps == 1 and self.req.run_config is not None:
-                row["config"] = self.req.run_config  # how the run was made, once
-            self.metrics.write(json_out.dumps(row) + "\n")
-            self.metrics.flush()
+        if self.metrics and self.losses.steps == 1 and self.req.run_config is not None:
+            row["config"] = self.req.run_config  # how the run was made, once
+        self._write(row)
         if self.scalars:
             self.scalars.write(step, row)
+
+    def on_eval(self, step: int, loss: float, figures: dict[str, Any]) -> None:
+        """An eval's line (`eval_loss`, `eval_tokens`, `eval_batches`, `eval_s`) after its
+        step's, and its `eval/` scalars."""
+        self.evals.add(loss)
+        self._postfix(eval_loss=f"{loss:.4f}")
+        row = {"step": step, "eval_loss": loss, **figures}
+        self._write(row)
+        if self.scalars:
+            self.scalars.write(step, row, group="eval")
+
+    def _postfix(self, **shown: str) -> None:
+        """The bar's figures, the last eval's beside each step's."""
+        self.shown |= shown
+        self.bar.set_postfix(self.shown)
+
+    def _write(self, row: dict[str, Any]) -> None:
+        if self.metrics:
+            self.metrics.write(json_out.dumps(row) + "\n")
+            self.metrics.flush()
 
     def close(self) -> None:
         self.bar.close()
@@ -157,6 +177,7 @@ def finish(
         "interrupted": interrupted or result.interrupted,
         "final_loss": reporter.losses.last,
         **reporter.losses.summary(),
+        **eval_summary(reporter.evals),
         "machine": machine.name,
         **({"nproc": nproc} if nproc > 1 else {}),
         "tokens_per_s": tokens_per_s,
@@ -166,6 +187,15 @@ def finish(
         "checkpoint": str(last) if last else None,
         **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),
     }
+
+
+def eval_summary(evals: LossStats) -> dict[str, Any]:
+    """The last eval's loss (after the run's last step, unless it was stopped), the first and
+    the lowest, and how many ran; nothing for a run without eval."""
+    if not evals.steps:
+        return {}
+    return {"eval_loss": evals.last, "eval_loss_first": evals.first,
+            "eval_loss_min": evals.lowest, "evals": evals.steps}  # fmt: skip
 
 
 def steady_rate(steady: dict[str, Any] | None, m: Metrics, nproc: int) -> tuple[float, float, str]:

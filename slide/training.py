@@ -30,11 +30,12 @@ from executor.adam import AdamWConfig
 from executor.interrupts import AbortRun
 from executor.phases import Phases, since_process_start
 from executor.ranks import Ranks
-from executor.run import InfeasiblePlanError, NonFiniteLossError, ReadState
+from executor.run import Eval, InfeasiblePlanError, NonFiniteLossError, ReadState
 from slide.chat_data import LengthLimit
 from slide.checkpoints import RunDir
 from slide.data import TokenStream, batches, load_token_stream
 from slide.errors import StopRun, UserError
+from slide.eval_data import EvalSet, held_out, training_windows
 from slide.fileio import write_atomic
 from slide.resume import Resumed, read_checkpoint, state_json
 from slide.run_config import to_toml
@@ -65,6 +66,10 @@ class TrainRequest:
     tokenizer: str | None = None
     data_cache: str | None = None  # token caches' directory [~/.cache/slide/tokens]
     truncation: str = "truncate"  # chat data: conversations longer than seq, cut or dropped
+    eval_data: str | None = None  # the eval set's file (any --data format)
+    eval_fraction: float | None = None  # or this fraction of the data's windows, held out
+    eval_every: int | None = None  # steps between evals (None: only after the last step)
+    eval_batches: int = 16  # batches an eval reads at most (0: the whole eval set)
     shuffle: bool = True
     seed: int = 0
     device: str | None = None
@@ -131,7 +136,7 @@ def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any
     request = ready.remaining if replan else None
     try:
         return _fine_tune(req, ready.planned, ready.optim, ready.data, weights, resumed, run_dir,
-                    phases, request, ranks)  # fmt: skip
+                    phases, request, ranks, ready.eval_set)  # fmt: skip
     finally:
         if run_dir is not None:
             run_dir.close()
@@ -167,6 +172,7 @@ class _Ready:
     remaining: TrainConfig  # the steps still to run (the global batch)
     planned: Plan  # data parallel: one rank's single-GPU plan, at batch / nproc
     data: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    eval_set: EvalSet | None  # what --eval-data or --eval-fraction evaluates on
 
 
 def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
@@ -181,6 +187,9 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
         raise UserError(
             f"--save-every must be 0 (only at the end) or a step count, got {req.save_every}"
         )
+    if nproc > 1 and (req.eval_data is not None or req.eval_fraction is not None):
+        raise UserError(f"{nproc} ranks: the eval loss runs on one process; drop "
+                        "--eval-data/--eval-fraction, or run one rank")  # fmt: skip
     device = device_of(req)
     with phases("model spec"):
         saved = _saved_plan(req.plan_file)
@@ -219,9 +228,9 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
         except InfeasiblePlanError as exc:
             raise UserError(str(exc)) from None
     with phases("data"):
-        data = _data(req, spec, start)
+        data, eval_set = _data(req, spec, start)
     return _Ready(req=req, device=device, saved=saved, optim=optim, resumed=resumed,
-                  remaining=remaining, planned=planned, data=data)  # fmt: skip
+                  remaining=remaining, planned=planned, data=data, eval_set=eval_set)  # fmt: skip
 
 
 def _open_out(req: TrainRequest, resumed: Resumed | None) -> RunDir | None:
@@ -245,10 +254,12 @@ def _fine_tune(
     phases: Phases,
     replan_request: TrainConfig | None,
     ranks: Ranks | None,
+    eval_set: EvalSet | None = None,
 ) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
     ckpt = _checkpointer(req, planned.model, optim, run_dir) if run_dir else None
     reporter = Reporter(req, total=req.config.steps, start=start, phases=phases)
+    evaluate = _evaluate(req, eval_set, reporter) if eval_set else None
     stop = _CtrlC()
     result = None
 
@@ -288,6 +299,7 @@ def _fine_tune(
                 replan_request=replan_request,
                 refit_profile=req.machine == "auto",
                 ranks=ranks,
+                evaluate=evaluate,
             )
             stop.finishing()
             done = start + result.steps_done
@@ -314,13 +326,21 @@ def _fine_tune(
     return {**summary, **phase_summary(phases)}
 
 
+def _evaluate(req: TrainRequest, eval_set: EvalSet, reporter: Reporter) -> Eval:
+    """Every --eval-every global steps (else only after the last), --eval-batches of the set."""
+    count = eval_set.batches(req.eval_batches)
+    return Eval(every=req.eval_every or req.config.steps, batches=count,
+                data=lambda: eval_set.iterate(count), on_eval=reporter.on_eval)  # fmt: skip
+
+
 def _checkpointer(
     req: TrainRequest, spec: ModelSpec, optim: AdamWConfig, run_dir: RunDir
 ) -> Checkpointer:
     def state_text(step: int) -> str:
         return state_json(spec=spec, config=req.config, optim=optim, steps_done=step,
                           seed=req.seed, data=req.data, model_source=req.model,
-                          tokenizer=req.tokenizer, shuffle=req.shuffle)  # fmt: skip
+                          tokenizer=req.tokenizer, shuffle=req.shuffle,
+                          eval_fraction=req.eval_fraction)  # fmt: skip
 
     return Checkpointer(run_dir, StateWriter(spec, state_text, _companions(req)))
 
@@ -352,12 +372,23 @@ def _initial(req: TrainRequest, spec: ModelSpec) -> Mapping[str, torch.Tensor]:
 
 def _data(
     req: TrainRequest, spec: ModelSpec, start: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The run's batches from step `start` on; the first is pulled now, so bad data fails
-    before the model is built."""
-    config = req.config
+) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor]], EvalSet | None]:
+    """The run's batches from step `start` on, and its eval set (`slide.eval_data`); the
+    first batch is pulled now, so bad data fails before the model is built."""
+    config, stream, source = req.config, _token_stream(req), req.data or str(CORPUS)
+    train_windows, eval_set = None, None
+    if req.eval_fraction is not None:
+        windows = stream.windows(config.seq)
+        held = held_out(windows, req.eval_fraction, req.seed, batch=config.batch)
+        train_windows = training_windows(windows, held)
+        eval_set = EvalSet.of(stream, held, batch=config.batch, seq=config.seq,
+                              vocab_size=spec.vocab_size, source=source)  # fmt: skip
+    elif req.eval_data is not None:
+        eval_stream = _token_stream(req, req.eval_data)
+        eval_set = EvalSet.of(eval_stream, None, batch=config.batch, seq=config.seq,
+                              vocab_size=spec.vocab_size, source=req.eval_data)  # fmt: skip
     it = batches(
-        _token_stream(req),
+        stream,
         batch=config.batch,
         seq=config.seq,
         count=config.steps * config.grad_accum,
@@ -365,10 +396,11 @@ def _data(
         shuffle=req.shuffle,
         seed=req.seed,
         vocab_size=spec.vocab_size,
-        source=req.data or str(CORPUS),
+        source=source,
+        windows=train_windows,
     )
     first = next(it)
-    return itertools.chain([first], it)
+    return itertools.chain([first], it), eval_set
 
 
 class _CtrlC:
@@ -431,9 +463,10 @@ def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
     return resolve(req.machine, device, ram_gb=req.ram_gb, nvme=req.nvme)
 
 
-def _token_stream(req: TrainRequest) -> TokenStream:
-    """The run's tokens, from their cache (prepared now, with a progress bar, if missing)."""
-    return load_token_stream(req.data or CORPUS, tokenizer_dir=_data_tokenizer(req),
+def _token_stream(req: TrainRequest, path: str | None = None) -> TokenStream:
+    """The run's tokens (or `path`'s: the eval data), from their cache (prepared now, with a
+    progress bar, if missing)."""
+    return load_token_stream(path or req.data or CORPUS, tokenizer_dir=_data_tokenizer(req),
                              cache_dir=req.data_cache, progress=req.progress,
                              limit=LengthLimit(req.config.seq, req.truncation))  # fmt: skip
 

@@ -42,6 +42,9 @@ class Program:
     gpu_bytes: int  # the ledger's GPU peak for this rank
     machine: str  # the machine profile's name, for messages
     placement: Mapping[str, Any] = field(default_factory=dict)  # the search's choice, reported
+    # eval pass length (batches) -> its forward-only graph (`slide_ir.planning.evaluation`),
+    # run between training passes; empty: the run evaluates nothing
+    evaluation: Mapping[int, Graph] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.passes:
@@ -49,9 +52,13 @@ class Program:
         for steps, graph in self.passes.items():
             if graph.info.steps != steps:
                 raise ProgramError(f"pass {steps}'s graph covers {graph.info.steps} steps")
-        pools = {g.pools for g in self.passes.values()}
+        pools = {g.pools for g in (*self.passes.values(), *self.evaluation.values())}
         if len(pools) > 1:
-            raise ProgramError("every pass of a Program must have the same pools")
+            raise ProgramError("every pass of a Program (eval passes too) must have the same pools")
+        for batches, graph in self.evaluation.items():
+            if graph.info.steps != batches or graph.info.grad_accum != 1:
+                raise ProgramError(f"eval pass {batches}'s graph must cover {batches} batches "
+                                   "of one micro-batch each")  # fmt: skip
 
     @property
     def graph(self) -> Graph:
@@ -61,6 +68,10 @@ class Program:
     @property
     def info(self) -> GraphInfo:
         return self.graph.info
+
+    def eval_pass(self, done: int, stop: int) -> int:
+        """Batches of the eval pass that starts after `done` of `stop` eval batches."""
+        return next_pass(max(self.evaluation), done, stop)
 
     def pass_graph(self, steps: int) -> Graph:
         try:
@@ -82,6 +93,9 @@ class Program:
                 "gpu_bytes": self.gpu_bytes,
                 "machine": self.machine,
                 "placement": dict(self.placement),
+                "evaluation": {
+                    str(n): json.loads(g.to_json()) for n, g in sorted(self.evaluation.items())
+                },
             },
             separators=(",", ":"),
         )
@@ -98,4 +112,7 @@ class Program:
             gpu_bytes=data["gpu_bytes"],
             machine=data["machine"],
             placement=data["placement"],
+            evaluation={
+                int(n): Graph.from_json(json.dumps(g)) for n, g in data["evaluation"].items()
+            },
         )

@@ -114,6 +114,7 @@ def render_result(result: SimResult) -> str:
             f"{s['model']} on {s['machine']} ({s['schedule']}): batch {s['batch']} x seq {s['seq']}",
             *render_placement(result.plan),
             f"step time      {s['step_time_s']:.3f} s (first step {s['first_step_s']:.3f} s)",
+            f"eval batch     {s['eval_batch_s']:.3f} s (forward only: slide train --eval-data)",
             f"throughput     {s['tokens_per_s']:,.0f} tokens/s, {s['tflops']:.1f} TFLOP/s model "
             f"({s['tflops_6n']:.1f} at 6N, {s['tflops_8n']:.1f} at 8N)",
             f"compute-only   {s['compute_only_tokens_per_s']:,.0f} tokens/s "

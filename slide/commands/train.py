@@ -75,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plan", help="run a saved plan (slide plan --out); overrides the above")
     add_data_arguments(parser)
+    add_eval_arguments(parser)
     parser.add_argument("--no-shuffle", action="store_true", help="take samples in file order")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -155,6 +156,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the plan made at the start (by default a CUDA run re-fits its machine "
         "profile to its first steady steps and moves to the placement the search then "
         "predicts >= 3%% faster)",
+    )
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """The eval loss: forward-only passes on the same sliding schedule between steps."""
+    parser.add_argument(
+        "--eval-data",
+        metavar="FILE",
+        help="evaluate on this file (any --data format, read with --tokenizer): the mean token "
+        "cross-entropy of its windows, into --metrics, --tensorboard and the summary",
+    )
+    parser.add_argument(
+        "--eval-fraction",
+        type=float,
+        metavar="F",
+        help="or hold out this fraction (0 < F < 1) of the training data's windows, chosen by "
+        "--seed, and evaluate on them; training never draws them",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        metavar="N",
+        help="evaluate after every N steps, and after the last [only after the last]",
+    )
+    parser.add_argument(
+        "--eval-batches",
+        type=int,
+        default=16,
+        metavar="K",
+        help="an eval reads the eval set's first K batches of --batch x --seq (the same ones "
+        "each time; 0: the whole set, its last batch padded) [16]",
     )
 
 
@@ -247,6 +279,10 @@ def _request(args: argparse.Namespace, notices: list[str], flags: dict[str, Any]
         tokenizer=args.tokenizer,
         data_cache=args.data_cache,
         truncation=args.truncation,
+        eval_data=args.eval_data,
+        eval_fraction=args.eval_fraction,
+        eval_every=args.eval_every,
+        eval_batches=args.eval_batches,
         shuffle=not args.no_shuffle,
         seed=args.seed,
         device=args.device,

@@ -37,6 +37,7 @@ class OpKind(StrEnum):
     FWD (w, x) -> (x'); the embedding's FWD (w) -> (x', tokens): it takes the micro-batch in;
     RECOMPUTE (w, x) -> (tape); BWD (w, tape, dx') -> (g, dx), the embedding's (w, tokens, dx')
     -> (g); LOSS (w, x, tokens[, tied embedding w]) -> (g, dx[, tied embedding g]);
+    EVAL_LOSS (w, x, tokens[, tied embedding w]) -> (): the loss only, for an eval graph;
     GPU_ADAM (g, state) -> (w, state); OPT_H2D (master, moments) -> (state); OPT_D2H the
     reverse; GRAD_ACCUM (landed g) -> (accumulator); ADAM reads the landed g, the accumulator
     and the state (RAM or NVMe staging) and writes the pinned w and the state, told apart by
@@ -46,6 +47,7 @@ class OpKind(StrEnum):
     RECOMPUTE = "recompute"  # forward again from the saved layer input, before its backward
     BWD = "bwd"  # backward of one layer
     LOSS = "loss"  # head stage: final norm + LM head + cross-entropy, forward and backward
+    EVAL_LOSS = "eval_loss"  # the head stage's forward only: an eval batch's summed token loss
     H2D_PARAM = "h2d_param"  # upload a layer's BF16 weights into a GPU cache unit
     D2H_GRAD = "d2h_grad"  # download a layer's gradients into pinned CPU memory
     ADAM = "adam"  # CPU AdamW update of one layer (FP32 master + moments), BF16 cast fused

@@ -398,6 +398,7 @@ HANDLERS: Mapping[OpKind, Handler] = {
     OpKind.RECOMPUTE: _gpu_compute,
     OpKind.BWD: _gpu_compute,
     OpKind.LOSS: _loss,
+    OpKind.EVAL_LOSS: _loss,
     **dict.fromkeys(_CURVES, _host),  # copies, the host AdamW, drive requests: their size curves
     OpKind.GPU_ADAM: _gpu_adam,
     OpKind.CAST: _cast,

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from slide_ir.ir.graph import Graph, GraphInfo, UnitPlacement
 from slide_ir.planning.baselines import emit_gpu_only, emit_zero_offload
 from slide_ir.planning.builder import GraphBuilder
+from slide_ir.planning.evaluation import emit_eval, eval_flops_per_batch
 from slide_ir.planning.ledger import Ledger, build_ledger, lce_chunk_tokens, resident_preference
 from slide_ir.planning.placement import PlacementChoice, choose_placement
 from slide_ir.planning.schedules import Ctx
@@ -74,10 +75,12 @@ def build_graph(
     *,
     check: bool = True,
     values: bool | None = None,
+    forward_only: bool = False,
 ) -> Graph:
     """The schedule of `config.schedule` over the ledger's pools and placement (`check=False`:
     without the graph's construction checks, and without the values ops read and write unless
-    `values`)."""
+    `values`); `forward_only`: its eval graph instead, `config.steps` eval batches
+    (`evaluation`)."""
     ctx = Ctx(
         model=model,
         config=config,
@@ -87,8 +90,10 @@ def build_graph(
         streamed=frozenset(ledger.streamed),
         pace=state_pace(model, machine, config),
         values=check if values is None else values,
+        forward_only=forward_only,
     )
-    EMITTERS[config.schedule](ctx)
+    (emit_eval if forward_only else EMITTERS[config.schedule])(ctx)
+    flops = eval_flops_per_batch if forward_only else model_flops_per_step
     info = GraphInfo(
         schedule=config.schedule,
         model=model.name,
@@ -99,7 +104,7 @@ def build_graph(
         grad_accum=config.grad_accum,
         num_layers=model.num_layers,
         params=model.total_params,
-        flops_per_step=model_flops_per_step(model, config),
+        flops_per_step=flops(model, config),
         placement=unit_placement(model, config, ledger),
         lce_chunk=lce_chunk_tokens(model, config),
         optimizer=str(config.optimizer),

@@ -14,8 +14,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from slide_ir.ir.graph import Graph
 from slide_ir.planning.data_parallel import shard_plan
-from slide_ir.planning.planner import Plan, plan
+from slide_ir.planning.planner import Plan, build_graph, plan
 from slide_ir.program import Program, next_pass
 from slide_ir.specs.config import TrainConfig
 
@@ -51,6 +52,13 @@ def pass_plan(p: Plan, steps: int) -> Plan:
     return out
 
 
+def eval_graph(p: Plan, batches: int) -> Graph:
+    """The forward-only graph of `batches` eval batches on `p`'s pools and placement
+    (`slide_ir.planning.evaluation`)."""
+    config = replace(p.config, steps=batches, grad_accum=1)
+    return build_graph(p.model, p.machine, config, p.ledger, forward_only=True)
+
+
 def program(
     p: Plan,
     stops: Iterable[int],
@@ -60,21 +68,27 @@ def program(
     nproc: int = 1,
     rank: int = 0,
     predicted: bool = True,
+    eval_batches: int = 0,
 ) -> Program:
     """The Program of plan `p` (one rank's single-GPU plan at the rank's batch, when `nproc` >
     1) for a run that, `done` steps in, stops after each of `stops` steps; `predicted=False` leaves the plan's
     predicted step out of what is reported (a CPU-mode run is not the machine it was planned
     for). The whole graph is in it even when no pass runs it whole: the run's steps and its
-    trace are numbered in it."""
+    trace are numbered in it. `eval_batches` > 0: with the eval passes over that many batches
+    (single-process runs only)."""
+    if eval_batches and nproc > 1:
+        raise ValueError("eval graphs are planned for one process: data-parallel ranks have none")
     graph_steps = min(p.config.steps, GRAPH_STEPS)
     passes = {}
     for n in dict.fromkeys([graph_steps, *pass_lengths(graph_steps, stops, done)]):
         q = pass_plan(p, n)
         passes[n] = q.graph if nproc == 1 else shard_plan(q, nproc, rank).graph
+    evaluation = {n: eval_graph(p, n) for n in pass_lengths(GRAPH_STEPS, [eval_batches])}
     gpu = p.ledger.peak_bytes("gpu") if nproc == 1 else shard_plan(p, nproc, rank).rank_bytes("gpu")
     return Program(
         model=p.model,
         passes=passes,
+        evaluation=evaluation,
         cpu_threads=cpu_threads,
         drives=len(p.machine.nvme),
         gpu_bytes=gpu,

@@ -26,7 +26,7 @@ from slide_ir.planning.ledger import (
     lce_chunk_tokens,
     unit_params,
 )
-from slide_ir.planning.shapes import layer_work, loss_work
+from slide_ir.planning.shapes import eval_loss_work, layer_work, loss_work
 from slide_ir.planning.values import at, grads, micro_prefix, unit_homes, unit_value, weights
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
@@ -73,6 +73,9 @@ class Ctx:
     grads_written: set[int] = field(default_factory=set)  # units with grads in this micro-batch
     homes: dict[tuple[PoolRole, int], str] = field(default_factory=dict)  # see `unit_homes`
     tokens_slot: str = ""
+    # an eval graph's forward (`evaluation`): every unit and input freed once read, nothing
+    # saved for a backward, and the loss computed without its gradients
+    forward_only: bool = False
     # False: the ops name no values (the placement search's candidates, which are only timed:
     # a third of their building time); the helpers below then return None, which emit drops
     values: bool = True
@@ -178,6 +181,8 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
     b.micro = micro  # what follows, up to the next micro-batch's forward, belongs to it
     before_layer(0)
     ctx.grads_written.clear()
+    # forward only: the embedding's slot is free after its lookup, unless the LM head reads it
+    embedding_done = ctx.forward_only and not m.tied_embeddings and 0 in ctx.unit_slot
     (x1,) = b.emit(
         oid(0, "fwd"),
         K.FWD,
@@ -187,7 +192,8 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         work=Work(bytes=ctx.hidden_bytes),
         deps=[ctx.weights_ready.get(0)],
         acquire=["gpu_acts"],
-        reads=[ctx.weights_read(0)],
+        reads=[ctx.weights_read(0)],  # before the release below gives its slot up
+        release=[ctx.unit_slot.pop(0) if embedding_done else None],
         writes=[ctx.taken(oid(1, "x")), ctx.tokens(step, micro)],
     )
     ctx.act_gpu[1], ctx.act_ready[1] = x1, oid(0, "fwd")
@@ -195,6 +201,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         before_layer(i)
         done_with_unit = i not in ctx.kept and i in ctx.unit_slot
         taped = i in ctx.taped
+        input_done = taped or ctx.forward_only
         slots = b.emit(
             oid(i, "fwd"),
             K.FWD,
@@ -206,7 +213,7 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
             acquire=["gpu_acts", "gpu_tapes"] if taped else ["gpu_acts"],
             scratch=["gpu_workspace"],
             release=[ctx.unit_slot[i] if done_with_unit else None,
-                     ctx.act_gpu[i] if taped else None],
+                     ctx.act_gpu[i] if input_done else None],
             reads=[ctx.weights_read(i), ctx.at(oid(i, "x"), ctx.act_gpu[i])],
             writes=[ctx.taken(oid(i + 1, "x")),
                     ctx.taken(oid(i, "tape"), 1, Role.TAPE) if taped else None],
@@ -216,10 +223,14 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         ctx.act_gpu[i + 1], ctx.act_ready[i + 1] = slots[0], oid(i, "fwd")
         if taped:
             ctx.tape_slot[i] = slots[1]
+        if input_done:
             del ctx.act_gpu[i], ctx.act_ready[i]
         elif c.activations != "gpu":
             _save_activation(ctx, step, micro, i)
     before_layer(n + 1)
+    if ctx.forward_only:
+        _eval_loss(ctx, step, micro)
+        return
     head, tied = n + 1, m.tied_embeddings
     (ctx.hidden_grad[head],) = b.emit(
         oid(n + 1, "loss"),
@@ -236,6 +247,29 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
                ctx.tokens(step, micro), ctx.weights_read(0, Role.TIED) if tied else None],
         writes=[ctx.grads_write(head, micro), ctx.taken(oid(head, "dx")),
                 ctx.grads_write(0, micro, Role.TIED) if tied else None],
+    )  # fmt: skip
+
+
+def _eval_loss(ctx: Ctx, step: int, micro: int) -> None:
+    """The head's forward only: the batch's summed token loss, no gradient written; the head's
+    input, and the head's (and a tied embedding's) cache slots, are free after it."""
+    head, tied = ctx.n + 1, ctx.model.tied_embeddings
+    x = ctx.act_gpu.pop(head)
+    ctx.act_ready.pop(head)
+    reads = [ctx.weights_read(head), ctx.at(ctx.hidden(step, micro, head, "x"), x),
+             ctx.tokens(step, micro), ctx.weights_read(0, Role.TIED) if tied else None]  # fmt: skip
+    done = [head, 0] if tied else [head]
+    ctx.b.emit(
+        ctx.oid(step, micro, head, "loss"),
+        K.EVAL_LOSS,
+        "gpu",
+        step=step,
+        unit=head,
+        work=eval_loss_work(ctx.model, ctx.config, lce_chunk_tokens(ctx.model, ctx.config)),
+        deps=[ctx.weights_ready.get(head)],
+        scratch=["gpu_workspace"],
+        release=[x, *(ctx.unit_slot.pop(u) for u in done if u in ctx.unit_slot)],
+        reads=reads,
     )  # fmt: skip
 
 

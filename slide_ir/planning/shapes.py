@@ -102,3 +102,19 @@ def loss_work(model: ModelSpec, config: TrainConfig, chunk: int) -> Work:
             chunk=chunk,
         ),
     )
+
+
+def eval_loss_work(model: ModelSpec, config: TrainConfig, chunk: int) -> Work:
+    """The fused loss's forward alone (an eval batch): each chunk's logits GEMM (the first of
+    `loss_gemms`' three per chunk size) and one read of its logits (the log-sum-exp), a third
+    of the training loss's traffic; no gradient GEMMs."""
+    bs = (config.batch, config.seq)
+    tokens = config.batch * config.seq
+    forward = loss_gemms(hidden=model.hidden_size, vocab=model.vocab_size, tokens=tokens,
+                         chunk=chunk)[::3]  # fmt: skip
+    return Work(
+        flops=model.head_fwd_flops(*bs),
+        bytes=model.head_elementwise_bytes(*bs) // 3,
+        elements=tokens * model.vocab_size,
+        gemms=forward,
+    )

@@ -39,8 +39,7 @@ R = PoolRole
 def emit_sliding(ctx: Ctx) -> None:
     """Every step's micro-batches; under global clipping see `deferral`."""
     c, n = ctx.config, ctx.n
-    layers = [i for i in range(1, n + 1) if i not in ctx.resident]
-    ahead = max(min(c.cache_depth, len(layers)) - 1, 0)
+    layers, ahead = sliding_layers(ctx)
     ctx.kept = frozenset(layers[len(layers) - ahead :]) if ahead else frozenset()
     ctx.persistent_grads = ctx.resident
     ctx.taped = frozenset(range(n - c.kept_tapes + 1, n + 1))
@@ -52,41 +51,24 @@ def emit_sliding(ctx: Ctx) -> None:
             _Micro(ctx, step, micro, last, layers, ahead, io, order).run()
 
 
-class _Micro:
-    """One micro-batch of the sliding schedule: prefetch bookkeeping plus the compute chain."""
+def sliding_layers(ctx: Ctx) -> tuple[list[int], int]:
+    """The decoder layers that slide, and how many of them the uploads run ahead of the
+    compute (the cache ring's depth less the slot in use)."""
+    layers = [i for i in range(1, ctx.n + 1) if i not in ctx.resident]
+    return layers, max(min(ctx.config.cache_depth, len(layers)) - 1, 0)
 
-    def __init__(
-        self,
-        ctx: Ctx,
-        step: int,
-        micro: int,
-        last: bool,
-        layers: list[int],
-        ahead: int,
-        io: OptimizerIo,
-        order: list[int],
-    ) -> None:
-        self.ctx, self.step, self.micro, self.last = ctx, step, micro, last
-        self.layers, self.ahead, self.io, self.order = layers, ahead, io, order
+
+class WeightUploads:
+    """A micro-batch's weight uploads into the cache ring, `ahead` layers ahead of its forward
+    (and of its backward, for the units the forward did not keep): the training step's, and
+    an eval batch's forward alone (`evaluation`)."""
+
+    def __init__(self, ctx: Ctx, step: int, micro: int, layers: list[int], ahead: int) -> None:
+        self.ctx, self.step, self.micro = ctx, step, micro
+        self.layers, self.ahead = layers, ahead
         self.uploaded: dict[str, set[int]] = {"fwd": set(), "bwd": set()}
         self.phase = "fwd"
-        self.state = _StateTraffic(ctx, step)
-        # global clipping: the last micro-batch's updates wait for the norm, then run 0..n+1
-        use = last and ctx.config.deferred_updates
-        self.deferred = DeferredUpdates(ctx, step) if use else None
-        self.io_order = sorted(order)
 
-    def run(self) -> None:
-        ctx = self.ctx
-        forward(ctx, self.step, self.micro, self.before_forward)
-        self.after_bwd(ctx.n + 1)
-        self.phase = "bwd"
-        backward(ctx, self.step, self.micro, self.before_backward, self.after_bwd)
-        self.state.flush_downloads()
-        if self.deferred:
-            self.deferred.flush()
-
-    # -- prefetch ------------------------------------------------------------------------------
     def before_forward(self, unit: int) -> None:
         n = self.ctx.n
         if unit == 0:
@@ -96,16 +78,6 @@ class _Micro:
             self._upload_layers(self.layers, self.layers.index(unit))
         if unit == n + 1 or self.uploaded["fwd"].issuperset(self.layers):
             self._upload(n + 1)
-        if unit == n + 1:
-            self.state.upload_share(through=n + 1)
-
-    def before_backward(self, layer: int) -> None:
-        ctx = self.ctx
-        back = self.layers[::-1]
-        if layer in back:
-            self._upload_layers(back, back.index(layer))
-        prefetch_activations(ctx, self.step, self.micro, layer)
-        self.state.upload_share(through=layer)
 
     def _upload_layers(self, order: list[int], pos: int) -> None:
         for u in order[pos : pos + self.ahead + 1]:
@@ -125,6 +97,53 @@ class _Micro:
         slot = _upload(ctx, op_id, K.H2D_PARAM, self.step, unit, param_bytes(ctx, unit), after,
                        pool, [home])  # fmt: skip
         ctx.unit_slot[unit], ctx.weights_ready[unit] = slot, op_id
+
+
+class _Micro(WeightUploads):
+    """One micro-batch of the sliding schedule: prefetch bookkeeping plus the compute chain."""
+
+    def __init__(
+        self,
+        ctx: Ctx,
+        step: int,
+        micro: int,
+        last: bool,
+        layers: list[int],
+        ahead: int,
+        io: OptimizerIo,
+        order: list[int],
+    ) -> None:
+        super().__init__(ctx, step, micro, layers, ahead)
+        self.last, self.io, self.order = last, io, order
+        self.state = _StateTraffic(ctx, step)
+        # global clipping: the last micro-batch's updates wait for the norm, then run 0..n+1
+        use = last and ctx.config.deferred_updates
+        self.deferred = DeferredUpdates(ctx, step) if use else None
+        self.io_order = sorted(order)
+
+    def run(self) -> None:
+        ctx = self.ctx
+        forward(ctx, self.step, self.micro, self.before_forward)
+        self.after_bwd(ctx.n + 1)
+        self.phase = "bwd"
+        backward(ctx, self.step, self.micro, self.before_backward, self.after_bwd)
+        self.state.flush_downloads()
+        if self.deferred:
+            self.deferred.flush()
+
+    # -- prefetch ------------------------------------------------------------------------------
+    def before_forward(self, unit: int) -> None:
+        super().before_forward(unit)
+        if unit == self.ctx.n + 1:
+            self.state.upload_share(through=unit)
+
+    def before_backward(self, layer: int) -> None:
+        ctx = self.ctx
+        back = self.layers[::-1]
+        if layer in back:
+            self._upload_layers(back, back.index(layer))
+        prefetch_activations(ctx, self.step, self.micro, layer)
+        self.state.upload_share(through=layer)
 
     # -- gradients -----------------------------------------------------------------------------
     def after_bwd(self, unit: int) -> None:

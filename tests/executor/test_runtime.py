@@ -20,6 +20,7 @@ from slide_ir import OpKind, TrainConfig, load_machine, load_model
 from slide_ir.ir.graph import Graph
 from slide_ir.ir.trace import trace_violations
 from slide_ir.planning.data_parallel import plan_data_parallel
+from slide_ir.planning.programs import eval_graph
 
 # Lanes of every kind at once: sliding + resident units, NVMe activations, micro-batches.
 BUSY = {"drives": 2, "activations": "nvme", "grad_accum": 2, "resident": 1, "steps": 4}
@@ -48,6 +49,7 @@ def test_handlers_cover_what_the_plans_emit_and_nothing_more() -> None:
         2,
     )
     emitted |= {op.kind for op in dp.graph.ops}
+    emitted |= {op.kind for op in eval_graph(dp.base, 2).ops}  # the eval loss's forward-only graph
     assert emitted == set(handlers.HANDLERS)
 
 
