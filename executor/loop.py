@@ -44,7 +44,9 @@ log = logging.getLogger("executor.loop")
 LOSS_HISTORY = 10_000  # the last losses and LRs a result keeps (aggregates come from on_step)
 OnStep = Callable[[int, float, float, dict[str, Any]], bool | None]
 OnSave = Callable[[int, ReadState], None]
-Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+# (input_ids, labels), or for packed documents (input_ids, labels, positions)
+Batches = Iterator[tuple[torch.Tensor, ...]]
+FIELDS = ("input_ids", "labels", "positions")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -348,31 +350,48 @@ def micro_batches(
     nproc, rank = (ranks.nproc, ranks.rank) if ranks is not None else (1, 0)
     rows = slice(rank * info.batch, (rank + 1) * info.batch)
     shape = (nproc * info.batch, info.seq)
+    fields = FIELDS if staging.documents else FIELDS[:2]
     raw = []
     for micro in range(info.grad_accum):
         try:
-            ids, labels = next(it)
+            batch = next(it)
         except StopIteration:
             raise DataError(
                 f"the data ran out at step {base + step}, micro-batch {micro} (each step takes "
                 f"{info.grad_accum} micro-batches of {shape})"
             ) from None
-        for what, t in (("input_ids", ids), ("labels", labels)):
+        if len(batch) != len(fields):
+            raise DataError(f"step {base + step}: a batch of {len(batch)} tensors; this run "
+                            f"takes {len(fields)} ({', '.join(fields)})")  # fmt: skip
+        for what, t in zip(fields, batch, strict=True):
             if tuple(t.shape) != shape or t.dtype != torch.int64:
                 raise DataError(
                     f"step {base + step}: {what} must be int64 {shape}, got {t.dtype} "
                     f"{tuple(t.shape)}"
                 )
-        raw.append((ids, labels))
-    valid = sum(int((labels != -100).sum()) for _, labels in raw)
+        if staging.documents:
+            _check_positions(batch[2], base + step)
+        raw.append(batch)
+    valid = sum(int((batch[1] != -100).sum()) for batch in raw)
     if valid == 0:
         raise DataError(f"step {base + step}: no labelled token (all labels are -100)")
     return [
         MicroBatch(
-            step=step, micro=m, tokens=staging.stage(ids[rows], labels[rows]), scale=1.0 / valid
+            step=step, micro=m, tokens=staging.stage(*(t[rows] for t in batch)), scale=1.0 / valid
         )
-        for m, (ids, labels) in enumerate(raw)
+        for m, batch in enumerate(raw)
     ]
+
+
+def _check_positions(positions: torch.Tensor, step: int) -> None:
+    """Packed documents' positions count 0, 1, ... from each document's first token: anything
+    else would let a token attend outside its row."""
+    steps = positions[:, 1:] - positions[:, :-1]
+    if bool((positions[:, 0] != 0).any()) or not bool(
+        ((steps == 1) | (positions[:, 1:] == 0)).all()
+    ):
+        raise DataError(f"step {step}: positions must start at 0 in each row and count up by 1 "
+                        "within a document (0 at each document's first token)")  # fmt: skip
 
 
 def _tokens_per_step(p: Program, ranks: Ranks | None) -> int:

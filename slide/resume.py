@@ -7,9 +7,9 @@ cosine or linear LR then jumps to its value at that step of the longer schedule)
 checked (names, shapes, dtypes, JSON fields) before the model is built, and each problem is
 reported as one line naming the file.
 
-What a run was started with is recorded too (model, data, tokenizer, seed, shuffle, batch shape,
-optimizer, clipping), so a resume takes each value whose flag is left out from the checkpoint
-(`recorded_flags`) instead of from the flag's default, and the checks above meet only the
+What a run was started with is recorded too (model, data, tokenizer, seed, shuffle, packing,
+batch shape, optimizer, clipping), so a resume takes each value whose flag is left out from the
+checkpoint (`recorded_flags`) instead of from the flag's default, and the checks above meet only the
 values a user typed.
 """
 
@@ -59,9 +59,10 @@ class Resumed:
 # placement fields are not among them: a resume may place the same run differently)
 CONFIG_DESTS = {"batch": "batch", "seq": "seq", "grad_accum": "grad_accum", "clip": "clip",
                 "clip_norm": "clip_norm", "moments_dtype": "moments"}  # fmt: skip
-# run inputs recorded beside them, by destination: what --model, --data, --tokenizer and
-# --seed named, and whether --no-shuffle was given
-INPUT_DESTS = {"model_source": "model", "data": "data", "tokenizer": "tokenizer", "seed": "seed"}
+# run inputs recorded beside them, by destination: what --model, --data, --tokenizer, --seed
+# and --packing named, and whether --no-shuffle was given
+INPUT_DESTS = {"model_source": "model", "data": "data", "tokenizer": "tokenizer", "seed": "seed",
+               "packing": "packing"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +85,7 @@ def state_json(
     model_source: str,
     tokenizer: str | None,
     shuffle: bool,
+    packing: str,
 ) -> str:
     """`model_source` is what --model named (a catalog name or a directory); paths are stored
     absolute, so a resume from another directory finds them."""
@@ -101,6 +103,7 @@ def state_json(
         "model_source": _absolute(model_source) if model_dir else model_source,
         "tokenizer": _absolute(tokenizer),
         "shuffle": shuffle,
+        "packing": packing,
     }
     return json.dumps(state, indent=2)
 

@@ -65,6 +65,7 @@ class TrainRequest:
     tokenizer: str | None = None
     data_cache: str | None = None  # token caches' directory [~/.cache/slide/tokens]
     truncation: str = "truncate"  # chat data: conversations longer than seq, cut or dropped
+    packing: str = "stream"  # `slide.packing.PACKING`: one stream in windows, or documents apart
     shuffle: bool = True
     seed: int = 0
     device: str | None = None
@@ -166,7 +167,7 @@ class _Ready:
     resumed: Resumed | None
     remaining: TrainConfig  # the steps still to run (the global batch)
     planned: Plan  # data parallel: one rank's single-GPU plan, at batch / nproc
-    data: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    data: Iterator[tuple[torch.Tensor, ...]]
 
 
 def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
@@ -238,7 +239,7 @@ def _fine_tune(
     req: TrainRequest,
     planned: Plan,
     optim: AdamWConfig,
-    data: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    data: Iterator[tuple[torch.Tensor, ...]],
     weights: Mapping[str, torch.Tensor],
     resumed: Resumed | None,
     run_dir: RunDir | None,
@@ -288,6 +289,7 @@ def _fine_tune(
                 replan_request=replan_request,
                 refit_profile=req.machine == "auto",
                 ranks=ranks,
+                documents=req.packing == "documents",
             )
             stop.finishing()
             done = start + result.steps_done
@@ -320,7 +322,8 @@ def _checkpointer(
     def state_text(step: int) -> str:
         return state_json(spec=spec, config=req.config, optim=optim, steps_done=step,
                           seed=req.seed, data=req.data, model_source=req.model,
-                          tokenizer=req.tokenizer, shuffle=req.shuffle)  # fmt: skip
+                          tokenizer=req.tokenizer, shuffle=req.shuffle,
+                          packing=req.packing)  # fmt: skip
 
     return Checkpointer(run_dir, StateWriter(spec, state_text, _companions(req)))
 
@@ -350,9 +353,7 @@ def _initial(req: TrainRequest, spec: ModelSpec) -> Mapping[str, torch.Tensor]:
     return initial_weights(spec, req.model if Path(req.model).is_dir() else None, req.seed)
 
 
-def _data(
-    req: TrainRequest, spec: ModelSpec, start: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _data(req: TrainRequest, spec: ModelSpec, start: int) -> Iterator[tuple[torch.Tensor, ...]]:
     """The run's batches from step `start` on; the first is pulled now, so bad data fails
     before the model is built."""
     config = req.config
@@ -366,6 +367,7 @@ def _data(
         seed=req.seed,
         vocab_size=spec.vocab_size,
         source=req.data or str(CORPUS),
+        packing=req.packing,
     )
     first = next(it)
     return itertools.chain([first], it)

@@ -247,6 +247,7 @@ def _request(args: argparse.Namespace, notices: list[str], flags: dict[str, Any]
         tokenizer=args.tokenizer,
         data_cache=args.data_cache,
         truncation=args.truncation,
+        packing=args.packing,
         shuffle=not args.no_shuffle,
         seed=args.seed,
         device=args.device,
