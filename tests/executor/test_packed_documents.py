@@ -66,9 +66,7 @@ def run(cfg: dict, steps: int = STEPS, **config: object):
 @functools.cache
 def reference(arch: str, grad_accum: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     cfg = _config(arch)
-    return reference_train(
-        hf_model(cfg), packed(STEPS * grad_accum), lr=LR, grad_accum=grad_accum
-    )
+    return reference_train(hf_model(cfg), packed(STEPS * grad_accum), lr=LR, grad_accum=grad_accum)
 
 
 def _config(arch: str) -> dict:
