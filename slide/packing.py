@@ -34,15 +34,19 @@ def document_spans(starts: np.ndarray, total: int, seq: int) -> np.ndarray:
     at `starts` (ascending), packed by next fit into samples of `seq`."""
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.append(starts[starts > 0], total)  # each document ends where the next begins
-    spans = []
+    runs: list[tuple[int, int, int]] = []  # (first start, samples, length of each)
     a = 0
     while a < total:
-        # the last document end within seq of a; a document longer than seq: a piece of seq
-        k = int(np.searchsorted(ends, a + seq, side="right"))
-        b = int(ends[k - 1]) if k > 0 and ends[k - 1] > a else min(a + seq, total)
-        spans.append((a, b))
-        a = b
-    return np.array(spans, dtype=np.int64).reshape(-1, 2)
+        k = int(np.searchsorted(ends, a + seq, side="right"))  # ends[k - 1]: the last within seq
+        if k > 0 and ends[k - 1] > a:
+            runs.append((a, 1, int(ends[k - 1]) - a))
+        else:  # a document longer than seq: its full pieces at once (a text file is one)
+            runs.append((a, (int(ends[k]) - a) // seq, seq))
+        a += runs[-1][1] * runs[-1][2]
+    first, count, length = (np.array(c, dtype=np.int64) for c in zip(*runs, strict=True))
+    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    a_all = np.repeat(first, count) + within * np.repeat(length, count)
+    return np.stack([a_all, a_all + np.repeat(length, count)], axis=1)
 
 
 def document_sample(
