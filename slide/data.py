@@ -6,8 +6,8 @@ Either way the data is one token stream with a per-token "predict me" mask (and,
 cache, where each document starts), cut into windows of S+1 tokens: sample i is
 tokens[i*S : i*S + S + 1], its inputs the first S, its labels the last S (-100 where the mask
 is off: prompt tokens). `--packing documents` cuts it into whole documents instead, each batch
-with the tokens' positions in their documents (`slide.packing`). Batches take consecutive samples in order,
-or a seeded permutation per epoch. The stream stays on disk: a batch reads only its windows,
+with the tokens' positions in their documents (`slide.packing`). Batches take consecutive
+samples in order, or a seeded permutation per epoch. The stream stays on disk: a batch reads only its windows,
 and the pages it mapped are dropped before they reach RELEASE_BYTES, so host RSS does not grow
 with the data set (the kernel's page cache keeps them for the next read). Bad data is refused here,
 before any model is built.
