@@ -50,10 +50,11 @@ def document_spans(starts: np.ndarray, total: int, seq: int) -> np.ndarray:
         count.append(n)
         length.append(each)
         a += n * each
-    runs = [np.frombuffer(c, dtype=np.int64) for c in (first, count, length)]
-    within = np.arange(int(runs[1].sum())) - np.repeat(np.cumsum(runs[1]) - runs[1], runs[1])
-    a_all = np.repeat(runs[0], runs[1]) + within * np.repeat(runs[2], runs[1])
-    return np.stack([a_all, a_all + np.repeat(runs[2], runs[1])], axis=1)
+    firsts, counts, lengths = (np.frombuffer(c, dtype=np.int64) for c in (first, count, length))
+    each_len = np.repeat(lengths, counts)  # per sample
+    within = np.arange(len(each_len)) - np.repeat(np.cumsum(counts) - counts, counts)
+    begins = np.repeat(firsts, counts) + within * each_len
+    return np.stack([begins, begins + each_len], axis=1)
 
 
 def document_sample(
