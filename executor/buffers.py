@@ -76,6 +76,7 @@ class Setup:
     pin: bool  # pinned host memory (CUDA only)
     stripes: int  # NVMe drives the optimizer state is striped over (0: none)
     opt_on_nvme: tuple[str, ...] = ()  # which of "master", "moments" live on NVMe
+    documents: bool = False  # packed documents: the tokens slot holds their positions too
 
 
 REGISTER_THREADS = 8
@@ -154,6 +155,7 @@ class Tokens:
 
     ids: torch.Tensor
     labels: torch.Tensor
+    positions: torch.Tensor | None = None  # packed documents: each token's place in its own
     scale: float = 1.0
 
 
@@ -258,10 +260,14 @@ class _Allocator:
     # -- tokens and hidden states ---------------------------------------------------------------
     def tokens(self, pool: Pool) -> None:
         b, seq, _ = self.s.hidden_shape
+        documents = self.s.documents
+
+        def zeros() -> torch.Tensor:
+            return torch.zeros((b, seq), dtype=torch.int64, device=self.s.device)
+
         for key in pool.slot_ids():
-            ids, labels = (torch.zeros((b, seq), dtype=torch.int64, device=self.s.device)
-                           for _ in range(2))  # fmt: skip
-            self.put(pool, key, Tokens(ids=ids, labels=labels), 2 * ids.numel() * 8)
+            tokens = Tokens(ids=zeros(), labels=zeros(), positions=zeros() if documents else None)
+            self.put(pool, key, tokens, (3 if documents else 2) * b * seq * 8)
 
     def hidden(self, pool: Pool) -> None:
         b, seq, h = self.s.hidden_shape

@@ -58,6 +58,10 @@ def fwd(env: Env, lane: LaneState, op: Op) -> None:
             tokens = env.buffers.tokens(staged)
             tokens.ids.copy_(batch.tokens.ids, non_blocking=True)
             tokens.labels.copy_(batch.tokens.labels, non_blocking=True)
+            if tokens.positions is not None:
+                assert batch.tokens.positions is not None
+                tokens.positions.copy_(batch.tokens.positions, non_blocking=True)
+                lane.rope = layers.document_rope(env.spec, tokens.positions, env.dtype)
             batch.tokens.mark_uploaded()
             tokens.scale = batch.scale
             layers.embed(tokens.ids, views["embed.w"], out)
@@ -65,7 +69,7 @@ def fwd(env: Env, lane: LaneState, op: Op) -> None:
             _fwd_taped(env, lane, op, unit, out, tape)
         else:
             x = env.buffers.of(op.reads[1], u)
-            layers.decoder_layer(x, views, env.spec, env.rope, out=out)
+            layers.decoder_layer(x, views, env.spec, lane.rope_for(env), out=out)
 
 
 def _fwd_taped(
@@ -78,7 +82,7 @@ def _fwd_taped(
     tape.x = env.buffers.of(op.reads[1], u).detach().clone().requires_grad_()
     tape.leaves = _leaves(env.layouts[u].views(unit.w))
     with torch.enable_grad(), tape.hooks():
-        tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, env.rope)
+        tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, lane.rope_for(env))
     out.copy_(tape.out.detach())
     lane.tapes[kept.name] = tape
 
@@ -91,7 +95,7 @@ def recompute(env: Env, lane: LaneState, op: Op) -> None:
     tape.x = env.buffers.of(op.reads[1], u).detach().requires_grad_()
     tape.leaves = _leaves(env.layouts[u].views(unit.w))
     with torch.enable_grad():
-        tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, env.rope)
+        tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, lane.rope_for(env))
     lane.tapes[op.writes[0].name] = tape  # the recompute's one write: the tape
 
 

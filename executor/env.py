@@ -44,7 +44,7 @@ class Env:
     layouts: dict[int, UnitLayout]
     shards: dict[int, Shard]  # what this rank updates of each unit (all of it on one rank)
     buffers: Buffers
-    rope: Rope
+    rope: Rope | None  # None: packed documents, each micro-batch's in the gpu lane's state
     device: torch.device
     dtype: torch.dtype
     cuda: bool
@@ -147,3 +147,13 @@ class LaneState:
     # recompute or kept forward -> backward: tape value name -> its `Tape`
     tapes: dict[str, Tape] = field(default_factory=dict)
     scratch: HostScratch | None = None
+    # packed documents: the RoPE tables and mask of the micro-batch in flight, built by its
+    # embedding's forward. Every layer op of a micro-batch (forward, recompute, backward) runs
+    # on the gpu lane between that forward and the next micro-batch's, which rebuilds them.
+    rope: Rope | None = None
+
+    def rope_for(self, env: Env) -> Rope:
+        """The tables and mask a decoder layer of the micro-batch in flight uses."""
+        rope = env.rope if env.rope is not None else self.rope
+        assert rope is not None, "packed documents: a layer ran before its embedding's forward"
+        return rope

@@ -24,6 +24,7 @@ from executor.env import Env, MicroBatch
 from executor.interrupts import AbortRun, DeferredInterrupts
 from executor.recording import StepWindow, Unrecorded
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
+from executor.staging import check_batch
 from slide_ir.program import Program
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
@@ -98,18 +99,15 @@ class Evaluator:
         """Stage eval batch `step` of the pass; its labelled tokens."""
         info = next(iter(self.program.evaluation.values())).info
         try:
-            ids, labels = next(data)
+            batch = next(data)
         except StopIteration:
             raise ValueError(
                 f"the eval data ran out before its {self.ev.batches} batches"
             ) from None
-        shape = (info.batch, info.seq)
-        for what, t in (("input_ids", ids), ("labels", labels)):
-            if tuple(t.shape) != shape or t.dtype != torch.int64:
-                raise ValueError(f"eval {what} must be int64 {shape}, got {t.dtype} "
-                                 f"{tuple(t.shape)}")  # fmt: skip
-        slot = self.env.staging.stage(ids, labels)
+        check_batch(batch, (info.batch, info.seq), self.env.staging.documents, "eval")
+        slot = self.env.staging.stage(*batch)
         self.env.batches.put(MicroBatch(step=step, micro=0, tokens=slot, scale=1.0))
+        labels = batch[1]
         return int((labels != IGNORE_INDEX).sum())
 
 

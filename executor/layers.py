@@ -25,11 +25,12 @@ Params = Mapping[str, torch.Tensor]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rope:
-    """cos/sin tables (S, hd) for positions 0..S-1, and the sliding-window mask if one applies."""
+    """cos/sin tables and the attention mask: (S, hd) and (S, S) for positions 0..S-1, the
+    run's one set; (B, S, hd) and (B, 1, S, S) for a micro-batch of packed documents."""
 
     cos: torch.Tensor
     sin: torch.Tensor
-    mask: torch.Tensor | None  # (S, S) bool, True = attend; None = plain causal
+    mask: torch.Tensor | None  # bool, True = attend; None = plain causal
 
 
 def rope_scaling(hf_config: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -52,6 +53,23 @@ def make_rope(spec: ModelSpec, seq: int, device: torch.device, dtype: torch.dtyp
     return Rope(cos=cos, sin=sin, mask=mask)
 
 
+def document_rope(spec: ModelSpec, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+    """A micro-batch of packed documents: positions (B, S) restart at 0 at each document's
+    first token, so token i's document begins at i - positions[i] and i attends to j iff
+    i - positions[i] <= j <= i (and, with a sliding window w, i - w < j), exactly what each
+    document would see alone. Built by the embedding's forward, once per micro-batch."""
+    scaling = rope_scaling(spec.to_hf_config())
+    cos, sin = rope_cos_sin(spec.head_dim, positions, spec.rope_theta, scaling, dtype=dtype)
+    seq = positions.shape[1]
+    i = torch.arange(seq, device=positions.device)[:, None]  # (S, 1) queries
+    j = i.view(1, seq)  # (1, S) keys
+    mask = (j <= i) & (j >= (i.view(1, seq) - positions)[..., None])  # (B, S, S)
+    window = spec.sliding_window
+    if window is not None and window < seq:
+        mask &= j > i - window
+    return Rope(cos=cos, sin=sin, mask=mask[:, None])  # cos/sin (B, S, hd), mask (B, 1, S, S)
+
+
 def _linear(x: torch.Tensor, p: Params, name: str) -> torch.Tensor:
     return F.linear(x, p[f"{name}.w"], p.get(f"{name}.b"))
 
@@ -69,6 +87,12 @@ def attention(x: torch.Tensor, p: Params, spec: ModelSpec, rope: Rope) -> torch.
         k = fused.rms_norm(k, p["k_norm"], spec.rms_norm_eps)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, S, hd)
     q, k = fused.rope(q, k, rope.cos, rope.sin)
+    gqa = nkv != nh
+    if gqa and rope.mask is not None and q.is_cuda:
+        # SDPA's fused CUDA kernels take grouped heads only without a mask (with one it falls
+        # back to the math kernel, an (S, S) matrix per head): repeat them, as transformers does
+        k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+        gqa = False
     out = F.scaled_dot_product_attention(
         q,
         k,
@@ -76,7 +100,7 @@ def attention(x: torch.Tensor, p: Params, spec: ModelSpec, rope: Rope) -> torch.
         attn_mask=rope.mask,
         is_causal=rope.mask is None,
         scale=hd**-0.5,
-        enable_gqa=nkv != nh,
+        enable_gqa=gqa,
     )  # (B, nh, S, hd)
     out = out.transpose(1, 2).reshape(b, s, nh * hd)
     return _linear(out, p, "o")  # (B, S, H)

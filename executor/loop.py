@@ -35,7 +35,7 @@ from executor.interrupts import AbortRun, DeferredInterrupts
 from executor.ranks import Ranks
 from executor.recording import MemoryLog, RecentValues, Recorder, StepWindow
 from executor.runtime import Lanes, Shared, make_shared, wait_ops
-from executor.staging import TokenStaging
+from executor.staging import DataError, TokenStaging, check_batch
 from executor.state import ReadState
 from slide_ir.ir.graph import GraphInfo
 from slide_ir.program import Program, next_pass
@@ -45,14 +45,11 @@ log = logging.getLogger("executor.loop")
 LOSS_HISTORY = 10_000  # the last losses and LRs a result keeps (aggregates come from on_step)
 OnStep = Callable[[int, float, float, dict[str, Any]], bool | None]
 OnSave = Callable[[int, ReadState], None]
-Batches = Iterator[tuple[torch.Tensor, torch.Tensor]]
+# (input_ids, labels), or for packed documents (input_ids, labels, positions)
+Batches = Iterator[tuple[torch.Tensor, ...]]
 
 
 class NonFiniteLossError(FloatingPointError):
-    pass
-
-
-class DataError(ValueError):
     pass
 
 
@@ -373,27 +370,22 @@ def micro_batches(
     raw = []
     for micro in range(info.grad_accum):
         try:
-            ids, labels = next(it)
+            batch = next(it)
         except StopIteration:
             raise DataError(
                 f"the data ran out at step {base + step}, micro-batch {micro} (each step takes "
                 f"{info.grad_accum} micro-batches of {shape})"
             ) from None
-        for what, t in (("input_ids", ids), ("labels", labels)):
-            if tuple(t.shape) != shape or t.dtype != torch.int64:
-                raise DataError(
-                    f"step {base + step}: {what} must be int64 {shape}, got {t.dtype} "
-                    f"{tuple(t.shape)}"
-                )
-        raw.append((ids, labels))
-    valid = sum(int((labels != -100).sum()) for _, labels in raw)
+        check_batch(batch, shape, staging.documents, f"step {base + step}")
+        raw.append(batch)
+    valid = sum(int((batch[1] != -100).sum()) for batch in raw)
     if valid == 0:
         raise DataError(f"step {base + step}: no labelled token (all labels are -100)")
     return [
         MicroBatch(
-            step=step, micro=m, tokens=staging.stage(ids[rows], labels[rows]), scale=1.0 / valid
+            step=step, micro=m, tokens=staging.stage(*(t[rows] for t in batch)), scale=1.0 / valid
         )
-        for m, (ids, labels) in enumerate(raw)
+        for m, batch in enumerate(raw)
     ]
 
 

@@ -6,6 +6,8 @@ One optimizer step:
 1. for each of its `grad_accum` micro-batches, the transformers model's forward, the sum of the
    token cross-entropies divided by the step's labelled tokens (so the step's loss is the mean
    over every labelled token of the step, however they split into micro-batches), backward;
+   a micro-batch of packed documents (input_ids, labels, positions) runs each document alone,
+   as its own sequence from position 0 (positions restart at 0 at each document's first token);
 2. optionally, the gradients clipped: all of them by their global L2 norm
    (`clip_grad_norm_` over every parameter: `TrainConfig.clip = "global"`), or each unit's by
    its own (the embedding, one decoder layer, the head: `"per-unit"`); a step whose global
@@ -16,11 +18,12 @@ One optimizer step:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
 
-Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
+Batches = Sequence[tuple[torch.Tensor, ...]]
 
 
 def reference_train(
@@ -36,8 +39,9 @@ def reference_train(
     device: str | torch.device = "cpu",
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Train `model` (a transformers causal LM) on `batches` of (input_ids, labels), labels
-    already shifted, -100 ignored; len(batches) / grad_accum steps. Returns each step's loss and
-    the final FP32 weights by parameter name, on the CPU."""
+    already shifted, -100 ignored, or of packed documents (input_ids, labels, positions);
+    len(batches) / grad_accum steps. Returns each step's loss and the final FP32 weights by
+    parameter name, on the CPU."""
     model = model.to(device, dtype)
     params = dict(model.named_parameters())
     master = (
@@ -49,15 +53,16 @@ def reference_train(
     losses = []
     for start in range(0, len(batches), grad_accum):
         micro = batches[start : start + grad_accum]
-        valid = sum(int((labels != -100).sum()) for _, labels in micro)
+        valid = sum(int((batch[1] != -100).sum()) for batch in micro)
         total = 0.0
-        for ids, labels in micro:
-            logits = model(input_ids=ids.to(device)).logits.float().flatten(0, 1)  # (B*S, V)
-            loss = torch.nn.functional.cross_entropy(
-                logits, labels.to(device).flatten(), reduction="sum"
-            )
-            (loss / valid).backward()
-            total += float(loss.detach() / valid)
+        for batch in micro:
+            for ids, labels in sequences(*batch):
+                logits = model(input_ids=ids.to(device)).logits.float().flatten(0, 1)  # (b*s, V)
+                loss = torch.nn.functional.cross_entropy(
+                    logits, labels.to(device).flatten(), reduction="sum"
+                )
+                (loss / valid).backward()
+                total += float(loss.detach() / valid)
         if master is not params:
             for name, p in params.items():
                 master[name].grad = p.grad.float()
@@ -78,6 +83,20 @@ def reference_train(
                     p.copy_(master[name])
         losses.append(total)
     return losses, {n: t.detach().float().cpu().clone() for n, t in master.items()}
+
+
+def sequences(
+    ids: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What the model runs on: the micro-batch whole, or each packed document alone, (1, n)."""
+    if positions is None:
+        return [(ids, labels)]
+    out = []
+    for row in range(ids.shape[0]):
+        starts = [*positions[row].eq(0).nonzero().flatten().tolist(), ids.shape[1]]
+        for a, b in itertools.pairwise(starts):
+            out.append((ids[row : row + 1, a:b], labels[row : row + 1, a:b]))
+    return out
 
 
 def units(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -1,7 +1,8 @@
 """Building a run: buffers, environment; and reading memory back.
 
 Everything a run touches is created here, before the first op: the buffers of every pool,
-the static token and loss buffers, RoPE tables, the NVMe files. After this the lanes allocate
+the static token and loss buffers, RoPE tables (for packed documents, each micro-batch's are
+built by its embedding's forward), the NVMe files. After this the lanes allocate
 only through torch's caching allocators (autograd's transients, the LCE workspace), which reach
 their steady size on step 1.
 """
@@ -168,7 +169,9 @@ def shards(layouts: dict[int, UnitLayout], ranks: Ranks | None) -> dict[int, Sha
     }
 
 
-def _setup(p: Program, device: torch.device, dtype: torch.dtype, ranks: Ranks | None) -> Setup:
+def _setup(
+    p: Program, device: torch.device, dtype: torch.dtype, ranks: Ranks | None, documents: bool
+) -> Setup:
     info, spec = p.graph.info, p.model
     opt_on_nvme = {"cpu": (), "nvme": ("master", "moments"), "nvme-moments": ("moments",)}
     layouts = unit_layouts(spec)
@@ -184,6 +187,7 @@ def _setup(p: Program, device: torch.device, dtype: torch.dtype, ranks: Ranks | 
         pin=device.type == "cuda",
         stripes=p.drives if info.optimizer != "cpu" else 0,
         opt_on_nvme=opt_on_nvme[info.optimizer],
+        documents=documents,
     )
 
 
@@ -200,10 +204,12 @@ def build(
     initial_optim_state: Mapping[str, torch.Tensor] | None,
     phases: Phases | None = None,
     ranks: Ranks | None = None,
+    documents: bool = False,
 ) -> Built:
+    """`documents`: the batches are packed documents, with positions (`Options.documents`)."""
     phases = phases or Phases()
     with phases("engine check"):
-        s = _setup(p, device, dtype, ranks)
+        s = _setup(p, device, dtype, ranks, documents)
         state.check_names(s.layouts, initial_state, p.model.tied_embeddings)
     with phases("buffers"):
         buffers: Buffers = allocate(p.graph, s)
@@ -216,7 +222,8 @@ def build(
         layouts=s.layouts,
         shards=s.shards,
         buffers=buffers,
-        rope=layers.make_rope(p.model, info.seq, device, dtype),
+        # packed documents: each micro-batch's own, built by its embedding's forward
+        rope=None if documents else layers.make_rope(p.model, info.seq, device, dtype),
         device=device,
         dtype=dtype,
         cuda=device.type == "cuda",
@@ -228,7 +235,7 @@ def build(
         loss_dev=torch.zeros(losses, dtype=torch.float32, device=device),
         loss_host=torch.zeros(losses, dtype=torch.float32, pin_memory=s.pin),
         # two steps' micro-batches: the driver feeds one step ahead (executor/staging.py)
-        staging=TokenStaging((info.batch, info.seq), 2 * info.grad_accum, s.pin),
+        staging=TokenStaging((info.batch, info.seq), 2 * info.grad_accum, s.pin, documents),
         step_t=torch.zeros((), dtype=torch.float32, device=device),
         abort=threading.Event(),
         act_bytes=act_bytes,

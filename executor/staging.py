@@ -1,4 +1,5 @@
-"""The host buffers each micro-batch's token ids and labels wait in for their upload.
+"""The host buffers each micro-batch's token ids and labels (and, for packed documents, the
+tokens' positions in their documents) wait in for their upload.
 
 A fixed ring of slots, allocated with the engine (pinned on CUDA), instead of a
 `Tensor.pin_memory()` per micro-batch: those took blocks from torch's caching host allocator
@@ -23,6 +24,7 @@ import torch
 class TokenSlot:
     ids: torch.Tensor  # (B, S) int64, host (pinned on CUDA)
     labels: torch.Tensor  # (B, S) int64, host (pinned on CUDA)
+    positions: torch.Tensor | None  # (B, S) int64, host (pinned on CUDA); None: no documents
     uploaded: torch.cuda.Event | None  # recorded on the gpu lane's stream after the copies
     waiting: bool = False  # handed to a micro-batch whose forward has not copied it yet
 
@@ -34,19 +36,26 @@ class TokenSlot:
 
 
 class TokenStaging:
-    """`slots` (ids, labels) pairs of `shape`, handed out in turn."""
+    """`slots` (ids, labels[, positions]) of `shape`, handed out in turn; positions where
+    `documents` (packed documents)."""
 
-    def __init__(self, shape: tuple[int, int], slots: int, cuda: bool) -> None:
+    def __init__(
+        self, shape: tuple[int, int], slots: int, cuda: bool, documents: bool = False
+    ) -> None:
         def host() -> torch.Tensor:
             return torch.empty(shape, dtype=torch.int64, pin_memory=cuda)
 
+        self.documents = documents
+        event = torch.cuda.Event if cuda else lambda: None
         self._slots = [
-            TokenSlot(host(), host(), torch.cuda.Event() if cuda else None) for _ in range(slots)
+            TokenSlot(host(), host(), host() if documents else None, event()) for _ in range(slots)
         ]
         self._next = 0
 
-    def stage(self, ids: torch.Tensor, labels: torch.Tensor) -> TokenSlot:
-        """The next slot, holding a copy of `ids` and `labels`."""
+    def stage(
+        self, ids: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> TokenSlot:
+        """The next slot, holding a copy of `ids`, `labels` and `positions`."""
         slot = self._slots[self._next]
         if slot.waiting:
             raise RuntimeError(
@@ -58,5 +67,38 @@ class TokenStaging:
             slot.uploaded.synchronize()  # its last upload has run (it has, by the invariant)
         slot.ids.copy_(ids)
         slot.labels.copy_(labels)
+        if slot.positions is not None:
+            assert positions is not None, "packed documents: a micro-batch without positions"
+            slot.positions.copy_(positions)
         slot.waiting = True
         return slot
+
+
+class DataError(ValueError):
+    pass
+
+
+FIELDS = ("input_ids", "labels", "positions")
+
+
+def check_batch(batch: tuple[torch.Tensor, ...], shape: tuple[int, int], documents: bool,
+                where: str) -> None:  # fmt: skip
+    """A batch is (input_ids, labels), or for packed documents (input_ids, labels, positions),
+    each int64 of `shape`; packed positions count 0, 1, ... from each document's first token:
+    anything else would let a token attend outside its document."""
+    fields = FIELDS if documents else FIELDS[:2]
+    if len(batch) != len(fields):
+        raise DataError(f"{where}: a batch of {len(batch)} tensors; this run takes "
+                        f"{len(fields)} ({', '.join(fields)})")  # fmt: skip
+    for what, t in zip(fields, batch, strict=True):
+        if tuple(t.shape) != shape or t.dtype != torch.int64:
+            raise DataError(f"{where}: {what} must be int64 {shape}, got {t.dtype} "
+                            f"{tuple(t.shape)}")  # fmt: skip
+    if documents:
+        positions = batch[2]
+        steps = positions[:, 1:] - positions[:, :-1]
+        if bool((positions[:, 0] != 0).any()) or not bool(
+            ((steps == 1) | (positions[:, 1:] == 0)).all()
+        ):
+            raise DataError(f"{where}: positions must start at 0 in each row and count up by 1 "
+                            "within a document (0 at each document's first token)")  # fmt: skip

@@ -51,10 +51,11 @@ class FitCounts:
 
 def encode_chats(
     tokenizer: Any, chats: list[Chat], limit: LengthLimit | None, counts: FitCounts
-) -> tuple[np.ndarray, np.ndarray]:
-    """The conversations' tokens in order, (ids int64, predict bool); `counts` updated."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The conversations' tokens in order, (ids int64, predict bool, starts int64: where each
+    conversation begins); `counts` updated."""
     if not chats:
-        return np.zeros(0, np.int64), np.zeros(0, np.bool_)
+        return _no_tokens()
     _check_tokenizer(tokenizer, chats[0])
     rendered = [_render_replies(tokenizer, chat) for chat in chats]
     encoded = tokenizer([text for text, _ in rendered], add_special_tokens=False,
@@ -77,8 +78,13 @@ def encode_chats(
         ids_parts.append(np.asarray(ids, dtype=np.int64))
         predict_parts.append(predict)
     if not ids_parts:
-        return np.zeros(0, np.int64), np.zeros(0, np.bool_)
-    return np.concatenate(ids_parts), np.concatenate(predict_parts)
+        return _no_tokens()
+    starts = np.cumsum([0] + [len(p) for p in ids_parts[:-1]], dtype=np.int64)
+    return np.concatenate(ids_parts), np.concatenate(predict_parts), starts
+
+
+def _no_tokens() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.zeros(0, np.int64), np.zeros(0, np.bool_), np.zeros(0, np.int64)
 
 
 def fit_report(counts: FitCounts, limit: LengthLimit | None) -> str | None:

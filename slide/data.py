@@ -2,10 +2,12 @@
 reads (JSONL, JSON arrays, parquet, arrow, CSV, text), tokenized once into a memory-mapped
 cache (`slide.token_cache`).
 
-Either way the data is one token stream with a per-token "predict me" mask, cut into windows
-of S+1 tokens: sample i is tokens[i*S : i*S + S + 1], its inputs the first S, its labels the
-last S (-100 where the mask is off: prompt tokens). Batches take consecutive samples in order,
-or a seeded permutation per epoch. The stream stays on disk: a batch reads only its windows,
+Either way the data is one token stream with a per-token "predict me" mask (and, from a
+cache, where each document starts), cut into windows of S+1 tokens: sample i is
+tokens[i*S : i*S + S + 1], its inputs the first S, its labels the last S (-100 where the mask
+is off: prompt tokens). `--packing documents` cuts it into whole documents instead, each batch
+with the tokens' positions in their documents (`slide.packing`). Batches take consecutive
+samples in order, or a seeded permutation per epoch. The stream stays on disk: a batch reads only its windows,
 and the pages it mapped are dropped before they reach RELEASE_BYTES, so host RSS does not grow
 with the data set (the kernel's page cache keeps them for the next read). Bad data is refused here,
 before any model is built.
@@ -14,7 +16,7 @@ before any model is built.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +26,8 @@ import torch
 from slide import token_cache
 from slide.chat_data import LengthLimit
 from slide.errors import DataError
+from slide.packing import IGNORE_INDEX, PACKING, document_sample, document_spans
 
-IGNORE_INDEX = -100
 RELEASE_BYTES = 16 << 20  # of mapped pages a batch loop lets accumulate
 FAULT_AROUND = 64 << 10  # what a page fault maps beside the page (Linux's fault_around_bytes)
 SCAN = 1 << 24  # ids checked at a time in a .npy file
@@ -38,12 +40,13 @@ class TokenStream:
     max_id: int
     targets: int  # tokens that are training targets (counted when the cache was made)
     cache: Path | None = None  # the token cache it was read from
+    starts: np.ndarray | None = None  # (documents,) int64 first tokens; None: unknown (.npy)
 
     def windows(self, seq: int) -> int:
         return (len(self.ids) - 1) // seq
 
     def release(self) -> None:
-        _drop_pages(self.ids, self.predict)
+        _drop_pages(self.ids, self.predict, self.starts)
 
 
 def load_token_stream(
@@ -73,7 +76,8 @@ def load_token_stream(
     root = Path(cache_dir) if cache_dir is not None else token_cache.DEFAULT_ROOT
     cache = token_cache.load(path, Path(tokenizer_dir), root, progress=progress, limit=limit)
     return TokenStream(ids=cache.ids(), predict=cache.predict(), max_id=cache.meta["max_id"],
-                       targets=cache.meta["targets"], cache=cache.directory)  # fmt: skip
+                       targets=cache.meta["targets"], cache=cache.directory,
+                       starts=cache.starts())  # fmt: skip
 
 
 def _from_npy(path: Path) -> TokenStream:
@@ -114,33 +118,34 @@ def batches(
     seed: int = 0,
     vocab_size: int | None = None,
     source: str = "data",
-    windows: np.ndarray | None = None,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches `start` to `count` - 1 of (input_ids, labels), each (batch, seq) int64; epochs
-    repeat. The ones before `start` (a resume's) advance the order without being read.
-    `windows`: the window indices to draw from (the others held out for eval); None: all."""
-    drawn = stream.windows(seq) if windows is None else len(windows)
+    packing: str = "stream",
+    samples: np.ndarray | None = None,
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Batches `start` to `count` - 1 of (input_ids, labels), each (batch, seq) int64, and
+    with `packing="documents"` their positions (`slide.packing`); epochs repeat. The ones
+    before `start` (a resume's) advance the order without being read. `samples`: the sample
+    indices to draw from (the others held out for eval); None: all."""
+    total, sample = sampler(stream, seq, packing, source)
+    drawn = total if samples is None else len(samples)
     if drawn < batch:
-        need = batch * seq + 1
-        held = "" if windows is None else f" ({drawn} windows of {seq} left for training)"
-        raise DataError(
-            f"{source} holds {len(stream.ids)} tokens{held}: one batch of {batch} x {seq} "
-            f"needs {need}"
-        )
+        held = "" if samples is None else f" ({drawn} samples of {seq} left for training)"
+        raise DataError(_too_short(stream, batch, seq, total, packing, source) + held)
     check_vocab(stream, vocab_size, source)
     order = _window_order(drawn, shuffle, seed)
-    mapped, per_batch = 0, batch * _mapped_per_window(stream, seq)
+    # each window maps its own pages and the fault-around beside them, in each array
+    arrays = 1 if stream.predict is None else 2
+    mapped, per_batch = 0, batch * arrays * ((seq + 1) * stream.ids.itemsize + FAULT_AROUND)
     for n in range(count):
         idx = [int(next(order)) for _ in range(batch)]  # i * seq overflows an int32
         if n < start:
             continue
-        if windows is not None:
-            idx = [int(windows[i]) for i in idx]
+        if samples is not None:
+            idx = [int(samples[i]) for i in idx]
         mapped += per_batch
         if mapped >= RELEASE_BYTES:
             stream.release()
             mapped = 0
-        yield window_rows(stream, idx, seq)
+        yield stack_samples([sample(i) for i in idx])
 
 
 def check_vocab(stream: TokenStream, vocab_size: int | None, source: str) -> None:
@@ -150,20 +155,54 @@ def check_vocab(stream: TokenStream, vocab_size: int | None, source: str) -> Non
         )
 
 
-def _mapped_per_window(stream: TokenStream, seq: int) -> int:
-    """Bytes a window maps: its own pages and the fault-around beside them, in each array."""
-    arrays = 1 if stream.predict is None else 2
-    return arrays * ((seq + 1) * stream.ids.itemsize + FAULT_AROUND)
+Sample = Callable[[int], tuple[np.ndarray, ...]]
 
 
-def window_rows(stream: TokenStream, idx: list[int], seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, labels) of windows `idx`, each (len(idx), seq) int64."""
-    rows = np.stack([stream.ids[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)
-    labels = rows[:, 1:]
+def stack_samples(rows: list[tuple[np.ndarray, ...]]) -> tuple[torch.Tensor, ...]:
+    """One batch from samples: each part (inputs, labels[, positions]) stacked to (rows, seq)."""
+    return tuple(torch.from_numpy(np.stack(parts)) for parts in zip(*rows, strict=True))
+
+
+def sample_count(stream: TokenStream, seq: int, packing: str, source: str) -> int:
+    """The samples of `seq` tokens `packing` cuts from the stream."""
+    return sampler(stream, seq, packing, source)[0]
+
+
+def sampler(stream: TokenStream, seq: int, packing: str, source: str) -> tuple[int, Sample]:
+    """How many samples `packing` cuts from the stream, and sample i's (inputs, labels[,
+    positions]), each (seq,) int64."""
+    if packing == "stream":
+        return stream.windows(seq), lambda i: _window(stream, seq, i)
+    if packing != "documents":
+        raise ValueError(f"packing must be one of {', '.join(PACKING)}, got {packing!r}")
+    starts = stream.starts
+    if starts is None:
+        raise DataError(f"{source} is token ids with no document boundaries: --packing "
+                        "documents needs data Slide tokenizes (JSONL, JSON, parquet, arrow, "
+                        "CSV or text, with --tokenizer)")  # fmt: skip
+    spans = document_spans(starts, len(stream.ids), seq)
+    return len(spans), lambda i: document_sample(
+        stream.ids, stream.predict, starts, (int(spans[i, 0]), int(spans[i, 1])), seq
+    )
+
+
+def _window(stream: TokenStream, seq: int, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """Window i of the stream: tokens i*seq .. i*seq + seq as inputs, the next ones as labels."""
+    row = stream.ids[i * seq : i * seq + seq + 1].astype(np.int64)
+    labels = row[1:]
     if stream.predict is not None:
-        keep = np.stack([stream.predict[i * seq + 1 : i * seq + seq + 1] for i in idx])
-        labels = np.where(keep, labels, IGNORE_INDEX)
-    return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(np.ascontiguousarray(labels))
+        labels = np.where(stream.predict[i * seq + 1 : i * seq + seq + 1], labels, IGNORE_INDEX)
+    return row[:-1].copy(), np.ascontiguousarray(labels)
+
+
+def _too_short(
+    stream: TokenStream, batch: int, seq: int, samples: int, packing: str, source: str
+) -> str:
+    if packing == "documents":
+        return (f"{source} packs into {samples} samples of {seq} tokens (--packing "
+                f"documents): one batch of {batch} needs {batch}")  # fmt: skip
+    need = batch * seq + 1
+    return f"{source} holds {len(stream.ids)} tokens: one batch of {batch} x {seq} needs {need}"
 
 
 def _window_order(windows: int, shuffle: bool, seed: int) -> Iterator[int]:

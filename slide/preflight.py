@@ -142,6 +142,12 @@ def check_train(args: argparse.Namespace, run: TrainRun) -> None:
             f"--warmup-steps {args.warmup_steps} exceeds the run's {args.steps} steps (the LR "
             f"would never reach --lr): use at most {args.steps}"
         )
+    if args.packing == "documents" and args.data and args.data.endswith(".npy"):
+        raise UserError(
+            f"--packing documents: --data {args.data} is token ids with no document "
+            "boundaries; give data Slide tokenizes (JSONL, JSON, parquet, arrow, CSV or text, "
+            "with --tokenizer), or --packing stream"
+        )
     if "clip_norm" in args.given and args.clip == "none":
         raise UserError(
             f"--clip-norm {args.clip_norm} does nothing without a clip mode: add --clip "

@@ -7,9 +7,9 @@ cosine or linear LR then jumps to its value at that step of the longer schedule)
 checked (names, shapes, dtypes, JSON fields) before the model is built, and each problem is
 reported as one line naming the file.
 
-What a run was started with is recorded too (model, data, tokenizer, seed, shuffle, batch shape,
-optimizer, clipping), so a resume takes each value whose flag is left out from the checkpoint
-(`recorded_flags`) instead of from the flag's default, and the checks above meet only the
+What a run was started with is recorded too (model, data, tokenizer, seed, shuffle, packing,
+batch shape, optimizer, clipping), so a resume takes each value whose flag is left out from the
+checkpoint (`recorded_flags`) instead of from the flag's default, and the checks above meet only the
 values a user typed.
 """
 
@@ -60,9 +60,10 @@ class Resumed:
 CONFIG_DESTS = {"batch": "batch", "seq": "seq", "grad_accum": "grad_accum", "clip": "clip",
                 "clip_norm": "clip_norm", "moments_dtype": "moments"}  # fmt: skip
 # run inputs recorded beside them, by destination: what --model, --data, --tokenizer, --seed
-# and --eval-fraction (the windows training never draws) named, and whether --no-shuffle was given
+# --eval-fraction (the windows training never draws) and --packing named, and whether
+# --no-shuffle was given
 INPUT_DESTS = {"model_source": "model", "data": "data", "tokenizer": "tokenizer", "seed": "seed",
-               "eval_fraction": "eval_fraction"}  # fmt: skip
+               "eval_fraction": "eval_fraction", "packing": "packing"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +86,7 @@ def state_json(
     model_source: str,
     tokenizer: str | None,
     shuffle: bool,
+    packing: str,
     eval_fraction: float | None = None,
 ) -> str:
     """`model_source` is what --model named (a catalog name or a directory); paths are stored
@@ -104,6 +106,7 @@ def state_json(
         "tokenizer": _absolute(tokenizer),
         "shuffle": shuffle,
         "eval_fraction": eval_fraction,  # the windows held out of training (`slide.eval_data`)
+        "packing": packing,
     }
     return json.dumps(state, indent=2)
 

@@ -52,7 +52,7 @@ def train(
     config: TrainConfig,
     *,
     initial_state: Mapping[str, torch.Tensor],
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterable[tuple[torch.Tensor, ...]],
     optim: AdamWConfig | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
@@ -73,6 +73,7 @@ def train(
     refit_profile: bool = False,
     ranks: Ranks | None = None,
     evaluate: Eval | None = None,
+    documents: bool = False,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps (`executor.run` says what
     each hook and option does). `planned`: the plan to run (else the planner's for `config`;
@@ -112,6 +113,7 @@ def train(
         hand_back=hand_back,
         ranks=ranks,
         phases=phases or Phases(),
+        documents=documents,
     )
     start = Start(
         weights=initial_state,

@@ -4,6 +4,8 @@ resumes (`slide data` prepares one; `slide train` prepares it where it is missin
     CACHE/<key>/ids.bin       the token ids, uint16 (a vocabulary of <= 65,536) or uint32
     CACHE/<key>/predict.bin   one byte per token, 1 where it is a training target (absent when
                               every token is one)
+    CACHE/<key>/starts.bin    each document's first token, int64 offsets in order (a record,
+                              a conversation, a text file): `--packing documents` keeps them apart
     CACHE/<key>/meta.json     counts, dtype, the largest id; the source and tokenizer it came from
 
 <key> hashes FORMAT, the data file's bytes and the tokenizer's files (and, for chat data, the
@@ -23,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -44,9 +47,9 @@ from slide.fileio import fsync_path, write_atomic
 from slide.tokenizer import load_tokenizer, tokenizer_files
 
 log = logging.getLogger(__name__)
-FORMAT = 1  # bump when what a cache holds, or how records become tokens, changes
+FORMAT = 2  # bump when what a cache holds, or how records become tokens, changes
 DEFAULT_ROOT = Path.home() / ".cache" / "slide" / "tokens"
-IDS, PREDICT, META = "ids.bin", "predict.bin", "meta.json"
+IDS, PREDICT, STARTS, META = "ids.bin", "predict.bin", "starts.bin", "meta.json"
 TMP = ".tmp-"
 
 
@@ -66,16 +69,22 @@ class Cache:
             return None
         return self._map(PREDICT, np.dtype(np.bool_))
 
+    def starts(self) -> np.memmap:
+        """(documents,) int64 (searched beside int64 offsets without a conversion): the offset
+        of each document's first token, ascending."""
+        return self._map(STARTS, np.dtype(np.int64), int(self.meta["documents"]))
+
     @property
     def tokens(self) -> int:
         return int(self.meta["tokens"])
 
-    def _map(self, name: str, dtype: np.dtype) -> np.memmap:
+    def _map(self, name: str, dtype: np.dtype, count: int | None = None) -> np.memmap:
+        count = self.tokens if count is None else count
         file = self.directory / name
-        if not file.is_file() or file.stat().st_size != self.tokens * dtype.itemsize:
+        if not file.is_file() or file.stat().st_size != count * dtype.itemsize:
             raise DataError(f"token cache {self.directory} is damaged ({name}): delete that "
                             "directory and it is rebuilt")  # fmt: skip
-        return np.memmap(file, dtype=dtype, mode="r", shape=(self.tokens,))
+        return np.memmap(file, dtype=dtype, mode="r", shape=(count,))
 
 
 def load(
@@ -144,18 +153,23 @@ def _write(
     source = read_docs(data)
     counts = FitCounts()
     dtype = np.dtype(np.uint16 if len(tokenizer) <= 2**16 else np.uint32)
-    tokens = targets = max_id = 0
+    tokens = targets = max_id = documents = 0
     bar = tqdm(total=source.total, unit=source.unit, unit_scale=True, unit_divisor=1024,
                desc=f"tokenizing {data.name}", disable=not progress)  # fmt: skip
-    with open(tmp / IDS, "wb") as ids_file, open(tmp / PREDICT, "wb") as predict_file, bar:
+    names = (IDS, PREDICT, STARTS)
+    with contextlib.ExitStack() as files, bar:
+        ids_file, predict_file, starts_file = (files.enter_context(open(tmp / n, "wb"))
+                                               for n in names)  # fmt: skip
         for docs, position in source.batches:
-            ids, predict = _encode_batch(tokenizer, docs, data, chat, limit, counts)
+            ids, predict, starts = _encode_batch(tokenizer, docs, data, chat, limit, counts)
             ids_file.write(ids.astype(dtype).tobytes())
             predict_file.write(predict.tobytes())
+            starts_file.write((starts + tokens).astype(np.int64).tobytes())
             tokens, targets = tokens + len(ids), targets + int(predict.sum())
+            documents += len(starts)
             max_id = max(max_id, int(ids.max(initial=0)))
             bar.update(position - bar.n)
-        for f in (ids_file, predict_file):
+        for f in (ids_file, predict_file, starts_file):
             f.flush()
             os.fsync(f.fileno())
     if tokens == 0:
@@ -165,7 +179,8 @@ def _write(
         (tmp / PREDICT).unlink()
     chats = {"chats": asdict(counts)} if chat else {}
     return {"format": FORMAT, "tokens": tokens, "targets": targets, "dtype": dtype.name,
-            "max_id": max_id, "eos": tokenizer.eos_token_id, **chats}  # fmt: skip
+            "max_id": max_id, "eos": tokenizer.eos_token_id, "documents": documents,
+            **chats}  # fmt: skip
 
 
 def _encode_batch(
@@ -175,8 +190,9 @@ def _encode_batch(
     chat: bool,
     limit: LengthLimit | None,
     counts: FitCounts,
-) -> tuple[np.ndarray, np.ndarray]:
-    """A batch's tokens: conversations through their chat template, other records by `encode`."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch's tokens: conversations through their chat template, other records by `encode`;
+    (ids, predict, the batch's document starts)."""
     if any(isinstance(d, Chat) != chat for d in docs):
         raise DataError(f"{data} mixes chat records (messages) with other kinds: give one kind "
                         "of record per file")  # fmt: skip
@@ -185,17 +201,20 @@ def _encode_batch(
     return encode(tokenizer, docs)
 
 
-def encode(tokenizer: Any, docs: list[Doc]) -> tuple[np.ndarray, np.ndarray]:
-    """The documents' tokens in order, (ids int64, predict bool), each `last` one followed by
-    EOS. A prompt takes the special tokens and is no target; its text then takes none, as
-    does a text file's chunk after the first."""
+def encode(tokenizer: Any, docs: list[Doc]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The documents' tokens in order, (ids int64, predict bool, starts int64: where each
+    document with `first` begins), each `last` one followed by EOS. A prompt takes the special
+    tokens and is no target; its text then takes none, as does a text file's chunk after the
+    first (which continues its document: no start)."""
     prompts = iter(_ids(tokenizer, [d.prompt for d in docs if d.prompt is not None], True))
     opening = iter(_ids(tokenizer, [d.text for d in docs if d.prompt is None and d.first], True))
     rest = iter(_ids(tokenizer, [d.text for d in docs if d.prompt is not None or not d.first],
                      False))  # fmt: skip
     eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-    pieces, untrained, start = [], [], 0
+    pieces, untrained, starts, start = [], [], [], 0
     for d in docs:
+        if d.first:
+            starts.append(start)
         head = next(prompts) if d.prompt is not None else []
         body = next(opening if d.prompt is None and d.first else rest)
         pieces += [head, body, eos if d.last else []]
@@ -205,7 +224,7 @@ def encode(tokenizer: Any, docs: list[Doc]) -> tuple[np.ndarray, np.ndarray]:
     predict = np.ones(start, dtype=np.bool_)
     for a, b in untrained:
         predict[a:b] = False
-    return ids, predict
+    return ids, predict, np.array(starts, dtype=np.int64)
 
 
 def _ids(tokenizer: Any, texts: list[str], specials: bool) -> list[list[int]]:

@@ -33,7 +33,7 @@ from executor.ranks import Ranks
 from executor.run import Eval, InfeasiblePlanError, NonFiniteLossError, ReadState
 from slide.chat_data import LengthLimit
 from slide.checkpoints import RunDir
-from slide.data import TokenStream, batches, load_token_stream
+from slide.data import TokenStream, batches, load_token_stream, sample_count
 from slide.errors import StopRun, UserError
 from slide.eval_data import EvalSet, held_out, training_windows
 from slide.fileio import write_atomic
@@ -70,6 +70,7 @@ class TrainRequest:
     eval_fraction: float | None = None  # or this fraction of the data's windows, held out
     eval_every: int | None = None  # steps between evals (None: only after the last step)
     eval_batches: int = 16  # batches an eval reads at most (0: the whole eval set)
+    packing: str = "stream"  # `slide.packing.PACKING`: one stream in windows, or documents apart
     shuffle: bool = True
     seed: int = 0
     device: str | None = None
@@ -171,7 +172,7 @@ class _Ready:
     resumed: Resumed | None
     remaining: TrainConfig  # the steps still to run (the global batch)
     planned: Plan  # data parallel: one rank's single-GPU plan, at batch / nproc
-    data: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    data: Iterator[tuple[torch.Tensor, ...]]
     eval_set: EvalSet | None  # what --eval-data or --eval-fraction evaluates on
 
 
@@ -247,7 +248,7 @@ def _fine_tune(
     req: TrainRequest,
     planned: Plan,
     optim: AdamWConfig,
-    data: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    data: Iterator[tuple[torch.Tensor, ...]],
     weights: Mapping[str, torch.Tensor],
     resumed: Resumed | None,
     run_dir: RunDir | None,
@@ -300,6 +301,7 @@ def _fine_tune(
                 refit_profile=req.machine == "auto",
                 ranks=ranks,
                 evaluate=evaluate,
+                documents=req.packing == "documents",
             )
             stop.finishing()
             done = start + result.steps_done
@@ -340,7 +342,7 @@ def _checkpointer(
         return state_json(spec=spec, config=req.config, optim=optim, steps_done=step,
                           seed=req.seed, data=req.data, model_source=req.model,
                           tokenizer=req.tokenizer, shuffle=req.shuffle,
-                          eval_fraction=req.eval_fraction)  # fmt: skip
+                          packing=req.packing, eval_fraction=req.eval_fraction)  # fmt: skip
 
     return Checkpointer(run_dir, StateWriter(spec, state_text, _companions(req)))
 
@@ -372,21 +374,23 @@ def _initial(req: TrainRequest, spec: ModelSpec) -> Mapping[str, torch.Tensor]:
 
 def _data(
     req: TrainRequest, spec: ModelSpec, start: int
-) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor]], EvalSet | None]:
+) -> tuple[Iterator[tuple[torch.Tensor, ...]], EvalSet | None]:
     """The run's batches from step `start` on, and its eval set (`slide.eval_data`); the
     first batch is pulled now, so bad data fails before the model is built."""
     config, stream, source = req.config, _token_stream(req), req.data or str(CORPUS)
     train_windows, eval_set = None, None
     if req.eval_fraction is not None:
-        windows = stream.windows(config.seq)
+        windows = sample_count(stream, config.seq, req.packing, source)
         held = held_out(windows, req.eval_fraction, req.seed, batch=config.batch)
         train_windows = training_windows(windows, held)
         eval_set = EvalSet.of(stream, held, batch=config.batch, seq=config.seq,
-                              vocab_size=spec.vocab_size, source=source)  # fmt: skip
+                              vocab_size=spec.vocab_size, source=source,
+                              packing=req.packing)  # fmt: skip
     elif req.eval_data is not None:
         eval_stream = _token_stream(req, req.eval_data)
         eval_set = EvalSet.of(eval_stream, None, batch=config.batch, seq=config.seq,
-                              vocab_size=spec.vocab_size, source=req.eval_data)  # fmt: skip
+                              vocab_size=spec.vocab_size, source=req.eval_data,
+                              packing=req.packing)  # fmt: skip
     it = batches(
         stream,
         batch=config.batch,
@@ -397,7 +401,8 @@ def _data(
         seed=req.seed,
         vocab_size=spec.vocab_size,
         source=source,
-        windows=train_windows,
+        packing=req.packing,
+        samples=train_windows,
     )
     first = next(it)
     return itertools.chain([first], it), eval_set

@@ -9,6 +9,7 @@ import argparse
 
 from slide.data_formats import TRUNCATION
 from slide.errors import UserError
+from slide.packing import PACKING
 
 NAME = "data"
 HELP = "tokenize a data file once into the cache slide train reads; count its windows"
@@ -16,7 +17,7 @@ FORMATS = "JSONL, a JSON array, parquet, arrow, CSV or text (these need --tokeni
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
-    """--data, --tokenizer, --data-cache and --truncation: shared with `slide train`."""
+    """--data, --tokenizer, --data-cache, --truncation and --packing: shared with `slide train`."""
     default = "" if required else " [the bundled corpus]"
     parser.add_argument(
         "--data", required=required, help=f"{FORMATS}, or a 1-D token-id .npy{default}"
@@ -36,6 +37,16 @@ def add_data_arguments(parser: argparse.ArgumentParser, *, required: bool = Fals
         "is cut to its first --seq (truncate) or left out (drop); the run says how many "
         "[truncate]",
     )
+    parser.add_argument(
+        "--packing",
+        choices=PACKING,
+        default="stream",
+        help="stream: the documents as one token stream cut into windows of --seq (a window's "
+        "documents attend to each other); documents: whole documents packed into samples of "
+        "--seq (one longer than --seq in pieces of --seq), each token attending only to its "
+        "own document's, RoPE positions from 0 in each, no label across a boundary (needs "
+        "data Slide tokenizes, not a .npy) [stream]",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from slide.chat_data import LengthLimit
-    from slide.data import load_token_stream
+    from slide.data import load_token_stream, sample_count
 
     if args.seq < 1:
         raise UserError(f"--seq must be a token count >= 1, got {args.seq}")
@@ -55,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
                                limit=LengthLimit(args.seq, args.truncation))  # fmt: skip
     print(f"tokens   {len(stream.ids):,} ({stream.targets:,} of them targets; largest id "
           f"{stream.max_id:,})")  # fmt: skip
-    print(f"windows  {stream.windows(args.seq):,} of {args.seq} tokens (--seq {args.seq})")
+    samples = sample_count(stream, args.seq, args.packing, args.data)
+    print(f"windows  {samples:,} of {args.seq} tokens (--seq {args.seq}, --packing "
+          f"{args.packing})")  # fmt: skip
     print(f"cache    {stream.cache or 'none: a .npy is read in place'}")
     return 0

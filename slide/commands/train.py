@@ -283,6 +283,7 @@ def _request(args: argparse.Namespace, notices: list[str], flags: dict[str, Any]
         eval_fraction=args.eval_fraction,
         eval_every=args.eval_every,
         eval_batches=args.eval_batches,
+        packing=args.packing,
         shuffle=not args.no_shuffle,
         seed=args.seed,
         device=args.device,

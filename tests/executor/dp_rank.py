@@ -52,18 +52,23 @@ CASES: dict[str, tuple[bool | dict, dict]] = {
     ),
     "kept-tapes": (True, {"keep_activations": 2}),  # the top 2 layers' forwards keep tapes
     "fast": (False, {"placement": "fast"}),  # what the placement search picks
+    # packed documents: each rank stages its rows' positions and builds their masks
+    "documents": (False, {"documents": True}),
 }
 
 
-def data(n: int, first: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Micro-batches first .. first + n - 1 of the global data (some labels ignored)."""
+def data(n: int, first: int = 0, documents: bool = False) -> list[tuple[torch.Tensor, ...]]:
+    """Micro-batches first .. first + n - 1 of the global data (some labels ignored); packed
+    documents: row r of micro-batch i holds documents of 3 + (r + i) % 5 tokens."""
     g = torch.Generator().manual_seed(0)
-    out = []
+    out: list[tuple[torch.Tensor, ...]] = []
     for i in range(first + n):
         ids = torch.randint(0, 512, (GLOBAL_BATCH, SEQ), generator=g)
         labels = torch.randint(0, 512, (GLOBAL_BATCH, SEQ), generator=g)
         labels[i % GLOBAL_BATCH, : i % 5] = -100
-        out.append((ids, labels))
+        lengths = 3 + (torch.arange(GLOBAL_BATCH)[:, None] + i) % 5
+        positions = torch.arange(SEQ) % lengths  # (GLOBAL_BATCH, SEQ)
+        out.append((ids, labels, positions) if documents else (ids, labels))
     return out[first:]
 
 
@@ -72,6 +77,7 @@ def run_case(case: str, ranks, tmp: Path, steps: int = STEPS, **kwargs) -> Train
     config = CASES[case][1]
     config = {"placement": "small", **config}
     drives = int(config.pop("drives", 0))
+    documents = bool(config.pop("documents", False))
     grad_accum = int(config.get("grad_accum", 1))
     cfg = model_of(case)
     first = kwargs.pop("start_step", 0)
@@ -81,11 +87,12 @@ def run_case(case: str, ranks, tmp: Path, steps: int = STEPS, **kwargs) -> Train
         load_machine(MACHINE, nvme=drives),
         TrainConfig(batch=GLOBAL_BATCH, seq=SEQ, steps=steps, **config),
         optim=AdamWConfig(lr=LR),
-        batches=data(steps * grad_accum, first * grad_accum),
+        batches=data(steps * grad_accum, first * grad_accum, documents),
         device="cpu",
         dtype=torch.float32,
         nvme_dir=tmp,
         ranks=ranks,
+        documents=documents,
         start_step=first,
         **kwargs,
     )

@@ -114,3 +114,23 @@ def test_cpu_embedding_gradient_is_the_same_bits_every_time():
         0, ids.reshape(-1), grad_out.reshape(-1, 64).double()
     )
     torch.testing.assert_close(first, expected.float(), rtol=1e-5, atol=1e-4)  # fp32 sums of ~128
+
+
+def test_document_mask_and_tables_of_a_hand_made_batch() -> None:
+    """Row 0 packs documents of 3 and 2 tokens and a padding token, row 1 one document of 6;
+    with mistral's window of 8 shrunk to 2 the window cuts the longer documents too."""
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
+    doc = [[1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0],
+           [0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 1]]  # fmt: skip
+    causal = torch.ones(6, 6).tril().bool()
+    for arch, window in (("llama", None), ("mistral", 2)):
+        spec = spec_of({**CONFIGS[arch], **({"sliding_window": window} if window else {})})
+        rope = layers.document_rope(spec, positions, torch.float32)
+        near = torch.ones(6, 6).triu(-(window - 1)).bool() if window else torch.ones(6, 6).bool()
+        assert rope.mask is not None and rope.mask.shape == (2, 1, 6, 6)
+        assert torch.equal(rope.mask[0, 0], causal & near & torch.tensor(doc).bool())
+        assert torch.equal(rope.mask[1, 0], causal & near)
+        # each token's tables are those of its position in a sequence of its own
+        alone = layers.make_rope(spec, 6, positions.device, torch.float32)
+        assert torch.equal(rope.cos, alone.cos[positions])
+        assert torch.equal(rope.sin, alone.sin[positions])

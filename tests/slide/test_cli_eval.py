@@ -70,7 +70,7 @@ def test_held_out_eval_loss_is_transformers_on_the_checkpoint(tmp_path, tokens, 
                           vocab_size=512, source="tokens")  # fmt: skip
     count = eval_set.batches(0)
     assert (
-        evals[-1]["eval_batches"] == count and evals[-1]["eval_tokens"] == len(eval_set.windows) * S
+        evals[-1]["eval_batches"] == count and evals[-1]["eval_tokens"] == len(eval_set.samples) * S
     )
     want = transformers_eval_loss(out, eval_set, count)
     assert abs(evals[-1]["eval_loss"] - want) <= RTOL * want
@@ -104,7 +104,7 @@ def test_training_never_draws_a_held_out_window():
     assert len(held) == 10 and np.array_equal(held, held_out(40, 0.25, seed=5, batch=B))
     assert not np.array_equal(held, held_out(40, 0.25, seed=6, batch=B))
     trained = set()
-    for x, _ in batches(stream, batch=B, seq=S, count=100, windows=training_windows(40, held)):
+    for x, _ in batches(stream, batch=B, seq=S, count=100, samples=training_windows(40, held)):
         trained |= {int(t) // S for t in x[:, 0]}
     assert trained == set(range(40)) - {int(w) for w in held}
 
