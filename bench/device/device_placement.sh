@@ -7,6 +7,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # compared, and $OUT/summary.txt: placement, predicted and measured tokens/s, the issue's
 # floors (3B >= 21,000, 8B >= 9,600, each within 5% of its prediction).
 # Each training is capped (SIGINT: it finishes the step in flight), the whole under 8 minutes.
+# CASES: "MODEL:TAG:STEPS:CAP" items (default: llama-3.2-3b:3b:10:140 llama-3.1-8b:8b:8:220);
+# EXTRA: flags added to every plan, simulate and train, e.g. pure sliding as bench/RESULTS.md
+# ran it: CASES="llama-3.2-3b:3b:12:150" EXTRA="--placement small".
 #   bash bench/device/device_placement.sh        (from the repo root; carry .whl: simpy; $OUT set)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -50,7 +53,8 @@ stamp setup
 # one model: plan + simulate (prediction), train (measurement), compare
 run_model() {
   local model=$1 tag=$2 steps=$3 cap=$4
-  local shape=(--model "$model" --batch 16 --seq 1024)
+  # shellcheck disable=SC2206
+  local shape=(--model "$model" --batch 16 --seq 1024 ${EXTRA:-})
   slide plan "${shape[@]}" --machine "$PROFILE" --steps "$steps" --out "$OUT/$tag-plan.json" > "$OUT/$tag-plan.txt" 2>&1
   slide plan "${shape[@]}" --machine "$PROFILE" --steps "$steps" --json > "$OUT/$tag-plan-summary.json" 2>&1
   slide simulate "${shape[@]}" --machine "$PROFILE" > "$OUT/$tag-simulate.txt" 2>&1
@@ -78,8 +82,10 @@ run_model() {
   fi
 }
 
-run_model llama-3.2-3b 3b 10 140
-run_model llama-3.1-8b 8b 8 220
+for item in ${CASES:-llama-3.2-3b:3b:10:140 llama-3.1-8b:8b:8:220}; do
+  IFS=: read -r model tag steps cap <<< "$item"
+  run_model "$model" "$tag" "$steps" "$cap"
+done
 
 python3 - "$OUT" > "$OUT/summary.txt" 2>&1 <<'EOF'
 """Per model: the placement planned and the one the measured trace ran, predicted and

@@ -1,11 +1,11 @@
-# Sourced by the session-9 device scripts: `tokens N` writes N random llama-3 token ids to
-# /tmp/tok.npy; `kept_run MODEL KEEP STEPS TIMEOUT` trains MODEL batch 16 seq 1024 with its
+# Sourced by the device scripts: `tokens N [VOCAB]` writes N random token ids below VOCAB
+# (default 128000, under every llama-3 vocabulary) to /tmp/tok.npy; `kept_run MODEL KEEP STEPS TIMEOUT` trains MODEL batch 16 seq 1024 with its
 # defaults and `--keep-activations KEEP`, sampling the GPU's memory (nvidia-smi, 0.5 s) beside
 # it (RUN_NAME names its files, default MODEL-keep-KEEP), then plans and simulates the same run on the cached `--machine auto` profile; `bundle`
 # packs $OUT into $OUT/all.tgz and leaves only that (the device returns at most 8 files).
 bundle() { tar czf /tmp/all.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/all.tgz "$OUT/all.tgz"; }
 tokens() {
-  python3 -c "import numpy as np, sys; np.save('/tmp/tok.npy', np.random.default_rng(0).integers(0, 128000, int(sys.argv[1])))" "$1"
+  python3 -c "import numpy as np, sys; np.save('/tmp/tok.npy', np.random.default_rng(0).integers(0, int(sys.argv[2]), int(sys.argv[1])))" "$1" "${2:-128000}"
 }
 kept_run() {  # MODEL KEEP STEPS TIMEOUT
   local model=$1 keep=$2 steps=$3 limit=$4 name="${RUN_NAME:-$1-keep-$2}"

@@ -14,14 +14,13 @@ re-planned with the profile and simulated; the script prints markdown tables:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
 from simulator.run import simulate_plan
-from slide_ir.ir.graph import Graph, OpKind, load_versioned
+from slide_ir.ir.graph import OpKind, load_versioned
 from slide_ir.ir.trace import Trace, trace_metrics
 from slide_ir.planning.ledger import CUDA_CONTEXT_BYTES
 from slide_ir.planning.planner import PLAN_VERSION
@@ -75,13 +74,17 @@ def measured_config(trace_path: Path) -> tuple[TrainConfig, str]:
 
 def saved_config(plan_json: str) -> TrainConfig:
     """A saved plan's TrainConfig with the resident and streamed counts its graph holds (not
-    "auto": a new profile may choose others). Read without re-planning, so plans saved by an
-    older planner still load."""
+    "auto": a new profile may choose others). Read from the JSON without re-planning or
+    parsing the graph, so plans saved by an older planner and graph format still load."""
     data = load_versioned(plan_json, PLAN_VERSION, "plan")
-    graph = Graph.from_json(json.dumps(data["graph"]))
-    streamed = {op.unit for op in graph.ops if op.kind == OpKind.OPT_H2D}
-    updated_on_gpu = {op.unit for op in graph.ops if op.kind == OpKind.GPU_ADAM}
-    resident = len(updated_on_gpu - streamed) if graph.info.schedule == "sliding" else 0
+    graph = data["graph"]  # the raw ops: graph format 1 (2026-11-29/30) named a unit `layer`
+    units = {
+        kind: {op.get("unit", op.get("layer")) for op in graph["ops"] if op["kind"] == kind}
+        for kind in (OpKind.OPT_H2D, OpKind.GPU_ADAM)
+    }
+    streamed = units[OpKind.OPT_H2D]
+    on_gpu = units[OpKind.GPU_ADAM] - streamed
+    resident = len(on_gpu) if graph["info"]["schedule"] == "sliding" else 0
     return replace(TrainConfig(**data["config"]), resident=resident, streamed=len(streamed))
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 21 on `nvidia-h200-x2` (2 H200s, 32 host cores): written while only `nvidia-h200` was
+# Data-parallel sliding on `nvidia-h200-x2` (2 H200s, 32 host cores): written while only `nvidia-h200` was
 # lent, so NOT YET RUN on a GPU (its flags, comparison and trace count ran on CPU with tiny-llama
 # and gloo); check its output before trusting a figure. One call, about 9 minutes (a guess):
-#   kind nvidia-h200-x2; carry [".clean"]; command: cd .clean && bash bench/device/h200x2_issue21.sh
+#   kind nvidia-h200-x2; carry [".clean"]; command: cd .clean && bash bench/device/h200x2_data_parallel.sh
 # 1. correctness: llama-3.2-1b, BF16, 20 steps, global batch 16 seq 1024, the same tokens in the
 #    same order: --nproc 1 against --nproc 2, per-step losses and final weights compared;
 # 2. scaling: llama-3.2-3b and llama-3.1-8b, seq 1024, global batch 32, the defaults and pure

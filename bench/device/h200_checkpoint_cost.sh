@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Session 6, call A (H200): GPU tests of the repeated graph, the disk's write bandwidth, and the
-# cost of a checkpoint on the user's path (`slide train --save-every`), 1B and 3B.
+# The cost of a checkpoint on the H200, on the user's path (one device call): the executor's GPU
+# tests, the disk's write bandwidth (bench/host/disk_write.py, 8 GiB then fsync), then
+# `slide train --save-every 5 --keep 1` on llama-3.2-1b batch 16 (12 steps: the steps after each
+# save against the steady ones) and llama-3.2-3b (7 steps: a 38.5 GB checkpoint; the final save
+# needs a second one on the 64 GiB disk and must fail in one line, the step-5 checkpoint kept).
+#   carry [".clean"]; command: cd .clean && bash bench/device/h200_checkpoint_cost.sh
 source bench/device/h200_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
 { df -h / /tmp; free -g; nproc; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > "$OUT/host.txt" 2>&1

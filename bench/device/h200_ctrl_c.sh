@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Session 14's second device call (about 8 minutes): the code since the SIGINT deferral
-# (executor/interrupts.py, session 13) on a GPU. The GPU tests; the README's `slide train` line;
+# Ctrl-C and the README's train line on the H200 (one device call, about 8 minutes): the GPU
+# tests (`pytest -m gpu tests`); the README's `slide train --model tiny-llama` line;
 # then llama-3.2-1b batch 16 seq 1024 with the defaults and `--out`, sent one SIGINT after step 10
 # (it must finish the step in flight, save, exit 130, and the checkpoint must load in
 # transformers and resume to the end) and two SIGINTs 0.2 s apart (it must abort, exit 130).
-#   carry [".clean"]; command: cd .clean && bash bench/device/h200_session14b.sh
+#   carry [".clean"]; command: cd .clean && bash bench/device/h200_ctrl_c.sh
 source bench/device/h200_env.sh
 source bench/device/h200_kept_runs.sh
 timeout 300 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -5
