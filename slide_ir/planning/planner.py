@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 from slide_ir.ir.graph import Graph, GraphInfo, UnitPlacement
 from slide_ir.planning.baselines import emit_gpu_only, emit_zero_offload
 from slide_ir.planning.builder import GraphBuilder
-from slide_ir.planning.ledger import Ledger, build_ledger, lce_chunk_tokens, resident_preference
 from slide_ir.planning.cost import CostModel
+from slide_ir.planning.ledger import Ledger, build_ledger, lce_chunk_tokens, resident_preference
 from slide_ir.planning.placement import RANK_STEPS, PlacementChoice, choose_placement
 from slide_ir.planning.schedules import Ctx
 from slide_ir.planning.sharding import shard_graph
