@@ -2,7 +2,7 @@
 
 SlideFormer keeps only the optimizer state in host RAM (FP32 master + Adam moments: 12 B/param
 with FP32 moments) and casts each layer's BF16 weights on the fly; its rule per mode is the
-state left in RAM (`state_rule`). The ledger is the smallest footprint the planner considers
+state left in RAM (`slideformer_bytes_per_param`). The ledger is the smallest footprint the planner considers
 (`placement.smallest_ledger`: what decides whether a model fits), at batch 1 x seq 1024 as
 `slide capacity` sizes it. Printed: all host RAM per parameter, and the parameter-proportional
 part (less the fixed process runtime and the saved layer inputs).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from slide_ir.planning.ledger import FP32
+from slide.commands.capacity import slideformer_bytes_per_param
 from slide_ir.planning.placement import smallest_ledger
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
@@ -22,12 +22,6 @@ from slide_ir.specs.model import load_model
 
 MODES = [(o, m) for o in ("cpu", "nvme-moments", "nvme") for m in ("fp32", "bf16")]
 NOT_PER_PARAM = ("saved layer inputs (pinned)", "process runtime (python, torch)")
-
-
-def state_rule(optimizer: str, moments: str) -> int:
-    """SlideFormer's host bytes per parameter: the master and moments kept in RAM."""
-    moment_bytes = 2 * (FP32 if moments == "fp32" else 2)
-    return {"cpu": FP32 + moment_bytes, "nvme-moments": FP32, "nvme": 0}[optimizer]
 
 
 def row(model_name: str, machine_name: str, optimizer: str, moments: str) -> str:
@@ -39,7 +33,7 @@ def row(model_name: str, machine_name: str, optimizer: str, moments: str) -> str
     fixed = sum(b for label, b in led.breakdown("cpu").items() if label in NOT_PER_PARAM)
     p = model.total_params
     return (f"{model_name:14s} {machine_name:15s} {optimizer:13s} {moments:5s} "
-            f"{host / p:7.2f} {(host - fixed) / p:9.2f} {state_rule(optimizer, moments):6d}")  # fmt: skip
+            f"{host / p:7.2f} {(host - fixed) / p:9.2f} {slideformer_bytes_per_param(optimizer, moments):6d}")  # fmt: skip
 
 
 def main() -> None:
