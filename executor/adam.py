@@ -178,12 +178,13 @@ def update_host(
     layout: Ranges,
     grad: torch.Tensor,
     parts: Sequence[Part],
-    out: torch.Tensor,
+    out: torch.Tensor | None,
     hp: StepHp,
     scratch: HostScratch,
 ) -> None:
     """AdamW on the host for one unit: `grad` (any float dtype) -> master/moments in `parts`,
-    new weights cast into `out` (the compute-dtype copy the next upload reads)."""
+    new weights cast into `out` (the compute-dtype copy the next upload reads; None: the unit
+    has none, its uploads cast from the master)."""
     if host_adam.kernel() is None:
         update_host_torch(layout, grad, parts, out, hp, scratch)
         return
@@ -197,7 +198,7 @@ def update_host(
             st.master[a:b],
             st.m[a:b],
             st.v[a:b],
-            out[lo:hi],
+            None if out is None else out[lo:hi],
             step=hp.step,
             lr=hp.lr,
             betas=c.betas,
@@ -211,7 +212,7 @@ def update_host_torch(
     layout: Ranges,
     grad: torch.Tensor,
     parts: Sequence[Part],
-    out: torch.Tensor,
+    out: torch.Tensor | None,
     hp: StepHp,
     scratch: HostScratch,
 ) -> None:
@@ -237,7 +238,8 @@ def update_host_torch(
             v.copy_(v32)
         else:
             _fused(master, g, m, v, scratch.step, hp, decay)
-        out[lo:hi].copy_(master)
+        if out is not None:
+            out[lo:hi].copy_(master)
 
 
 def update_device(

@@ -289,6 +289,11 @@ class _Allocator:
         if pool.static:  # one slot holding every unit's gradient (ZeRO-offload)
             self.per_unit(pool, "landing")
             return
+        self.host_ring(pool)
+
+    def host_ring(self, pool: Pool) -> None:
+        """A ring of host slots of the compute dtype, each the pool's largest unit: gradient
+        landing, the weight-staging ring the casts fill."""
         numel = self.largest(pool)
         for key in pool.slot_ids():
             t = self.host(pool, numel, self.s.dtype)
@@ -380,6 +385,7 @@ ALLOCATORS: dict[PoolRole, Callable[[_Allocator, Pool], None]] = {
     R.DEVICE_GRADS: _Allocator.device_grads,
     R.GRAD_LANDING: _Allocator.landing,
     R.HOST_WEIGHTS: _Allocator.per_unit,
+    R.WEIGHT_STAGING: _Allocator.host_ring,
     R.GRAD_ACCUM: _Allocator.per_unit,
     R.MASTER: _Allocator.per_unit,
     R.MOMENTS: _Allocator.per_unit,

@@ -4,12 +4,14 @@ Compute handlers live in `compute`; the copies, host optimizer ops and NVMe I/O 
 takes its operands from the op's values (a copy reads its source, writes its destination).
 Copies are `non_blocking` on the lane's stream (CUDA) and plain synchronous copies in CPU mode.
 
-    H2D_PARAM, W_D2H, D2H_GRAD, ACT_SAVE, ACT_LOAD, CAST   reads (src)  writes (dst)
+    H2D_PARAM, W_D2H, D2H_GRAD, ACT_SAVE, ACT_LOAD   reads (src)  writes (dst)
+    CAST       reads (master)           writes (compute-dtype weights: a pinned copy or ring slot)
     OPT_H2D    reads (master, moments)  writes (state)
     OPT_D2H    reads (state)            writes (master, moments)
     GRAD_ACCUM reads (landed grads)     writes (accumulator, += after the first micro-batch)
     ADAM       by role: landed grads, the accumulator, state in RAM or NVMe staging stripes,
-               global clipping's scale; writes the pinned weights (and the state it read)
+               global clipping's scale; writes the state it read (and the pinned weights,
+               where the unit's uploads are not cast)
     GRAD_NORM, NORM   global clipping (`clipping`)
     NVME_READ / NVME_WRITE   reads (src)  writes (dst): activations, or a state stripe
 """
@@ -84,10 +86,15 @@ def _copy_state(dst: OptState, src: OptState) -> None:
 
 
 def copy(env: Env, lane: LaneState, op: Op) -> None:
-    """ACT_SAVE (device -> pinned, d2h lane), ACT_LOAD (pinned -> device, h2d lane), CAST
-    (FP32 master -> pinned compute-dtype weights, cpu lane)."""
+    """ACT_SAVE (device -> pinned, d2h lane), ACT_LOAD (pinned -> device, h2d lane)."""
     src, dst = _src_dst(env, op)
-    dst.copy_(src, non_blocking=op.kind != OpKind.CAST)
+    dst.copy_(src, non_blocking=True)
+
+
+def cast(env: Env, lane: LaneState, op: Op) -> None:
+    """The rank's shard of a unit's FP32 master into compute-dtype weights (its pinned copy, or
+    a weight-ring slot sized for the largest unit), on the cpu lane's threads."""
+    _on_host(env, op.writes[0], op.unit).copy_(env.buffers.of(op.reads[0], op.unit))
 
 
 # -- host optimizer (cpu lane) -----------------------------------------------------------------
@@ -121,8 +128,8 @@ def adam_host(env: Env, lane: LaneState, op: Op) -> None:
     assert lane.scratch is not None, "the cpu lane owns the optimizer scratch"
     staging = tuple(v.slot for v in _role(env, op.reads, R.OPT_STAGING))
     parts = env.host_parts(u, staging)
-    (weights,) = _role(env, op.writes, R.HOST_WEIGHTS)
-    dst = env.buffers.of(weights, u)
+    copies = _role(env, op.writes, R.HOST_WEIGHTS)  # none where the uploads cast
+    dst = env.buffers.of(copies[0], u) if copies else None
     hp = env.hp(op.step, lane.lane, scale)
     adam.update_host(env.shards[u], grad, parts, dst, hp, lane.scratch)
 
@@ -177,7 +184,7 @@ HANDLERS: dict[OpKind, Handler] = {
     OpKind.OPT_H2D: opt_h2d,
     OpKind.OPT_D2H: opt_d2h,
     OpKind.W_D2H: w_d2h,
-    OpKind.CAST: copy,
+    OpKind.CAST: cast,
     OpKind.GRAD_ACCUM: grad_accum,
     OpKind.GRAD_NORM: clipping.grad_norm,
     OpKind.NORM: clipping.norm,

@@ -10,8 +10,8 @@ handles.
 
 It is JIT-compiled with `torch.utils.cpp_extension.load` into torch's extension cache (ninja
 needed; `TORCH_EXTENSIONS_DIR` moves the cache). The extension's name carries the ISA (AVX-512,
-AVX2 or portable) and torch's version, so a cache shared by different hosts never runs code
-built for another CPU. If the build fails, `kernel()` returns None, the failure is logged once
+AVX2 or portable), torch's version and a digest of the source, so a cache shared by different
+hosts never runs code built for another CPU, nor checkouts one built from another source. If the build fails, `kernel()` returns None, the failure is logged once
 with its reason, and `adam.py` keeps the torch path.
 
 Start-up: a library already built (newer than this file and the source) is loaded directly,
@@ -20,13 +20,14 @@ a run's set-up (a fresh host compiles it once, ~10-20 s); a build lock older tha
 `STALE_LOCK_S` (its builder was killed: cpp_extension would wait for it forever) is removed.
 
 Invariant: `adamw_` takes 1-D contiguous CPU tensors of one length; master FP32, m and v one
-dtype (FP32 or BF16), gradient and out FP32, BF16 or FP16.
+dtype (FP32 or BF16), gradient and out FP32, BF16 or FP16 (out may be None: no copy).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -113,7 +114,8 @@ def _clear_stale_lock(name: str) -> None:
 def _build(target: str) -> Kernel:
     global ready_s
     tag = torch.__version__.split("+")[0].replace(".", "_")
-    name = f"slide_host_adam_{target}_t{tag}"
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:10]
+    name = f"slide_host_adam_{target}_t{tag}_{digest}"
     start = time.perf_counter()
     if _load_built(name):
         ready_s = time.perf_counter() - start
@@ -185,7 +187,7 @@ def adamw_(
     master: torch.Tensor,
     m: torch.Tensor,
     v: torch.Tensor,
-    out: torch.Tensor,
+    out: torch.Tensor | None,
     *,
     step: int,
     lr: float,
@@ -194,7 +196,8 @@ def adamw_(
     weight_decay: float,
     grad_scale: float = 1.0,
 ) -> None:
-    """One AdamW step over equal-length 1-D tensors, in place (needs `kernel()` not None)."""
+    """One AdamW step over equal-length 1-D tensors, in place (needs `kernel()` not None);
+    `out` None: no compute-dtype copy written."""
     op = kernel()
     assert op is not None, "host AdamW kernel unavailable; check kernel() first"
     op(grad, master, m, v, out, step, lr, betas[0], betas[1], eps, weight_decay, grad_scale)

@@ -151,7 +151,8 @@ def _load_unit(
                 part.copy_(pack(layout, optim, suffix)[mine])
     if env.nvme is not None:
         _write_stripes(env, unit, master, *(t[mine] for t in _moments(layout, optim)))
-    env.buffers.tensor(f"bf16.{unit}")[:n].copy_(master)
+    if f"bf16.{unit}" in items:  # a unit whose uploads cast has no pinned copy
+        env.buffers.tensor(f"bf16.{unit}")[:n].copy_(master)
     if f"gpu.{unit}" in items:  # ZeRO-offload: the whole model starts on the device
         env.buffers.gpu_unit(f"gpu.{unit}").w.copy_(master)
 

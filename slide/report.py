@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from slide_ir.ir.drives import drive_contents, drive_paths
+from slide_ir.ir.graph import PoolRole
 from slide_ir.planning.advice import suggest_fixes
-from slide_ir.planning.ledger import REPORT_TIERS, build_ledger
+from slide_ir.planning.ledger import REPORT_TIERS, Ledger, build_ledger
 from slide_ir.planning.placement import PlacementChoice
 from slide_ir.planning.planner import Plan
 from slide_ir.specs.hardware_parts import GIB
@@ -142,6 +143,14 @@ def _drive_lines(p: Plan, nvme_dirs: tuple[str, ...]) -> list[str]:
     return lines
 
 
+def _upload_source(led: Ledger) -> str:
+    """Where the sliding units' uploads read their weights (`--host-weights`)."""
+    roles = {t.pool.role for t in led.terms}
+    cast = "cast from the fp32 master (weight ring)" if PoolRole.WEIGHT_STAGING in roles else ""
+    pinned = "from a pinned bf16 copy" if PoolRole.HOST_WEIGHTS in roles else ""
+    return " or ".join(w for w in (cast, pinned) if w) or "none (nothing slides)"
+
+
 def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
     """The plan as `slide plan` prints it; `nvme_dirs` (its --nvme-dir) names the drive files."""
     c, m, led = p.config, p.model, p.ledger
@@ -152,7 +161,8 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
         f"optimizer on {c.optimizer}"
         + (f", resident units {len(led.resident)}" if led.resident else "")
         + (f", streamed updates {len(led.streamed)}" if led.streamed else "")
-        + (f", kept tapes {c.kept_tapes}" if c.kept_tapes else ""),
+        + (f", kept tapes {c.kept_tapes}" if c.kept_tapes else "")
+        + (f"; uploads {_upload_source(led)}" if c.schedule == "sliding" else ""),
         *render_placement(p),
         "",
     ]

@@ -1,8 +1,9 @@
 // Single-pass host AdamW for one contiguous range of a unit (executor/host_adam.py builds and
 // calls it). Per element: read the gradient (FP32/BF16/FP16), the FP32 master and the moments
-// (FP32 or BF16), write master, moments and the compute-dtype copy the next upload reads. Each
-// byte is touched once, so the op runs at the host's memory bandwidth (28 B/element with FP32
-// moments and a BF16 gradient and copy, 20 B with BF16 moments).
+// (FP32 or BF16), write master, moments and the compute-dtype copy the next upload reads (none
+// where `out` is absent: a unit whose upload is cast from the master later). Each byte is touched
+// once, so the op runs at the host's memory bandwidth (28 B/element with FP32 moments and a BF16
+// gradient and copy, 20 B with BF16 moments, 2 B less without the copy).
 //
 // The arithmetic is torch's fused CPU AdamW (aten/src/ATen/native/cpu/FusedAdamKernel.cpp,
 // ADAMW mode, vector body as GCC builds it) written out per element: coefficients in double,
@@ -32,6 +33,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <type_traits>
 
 namespace {
 
@@ -80,6 +83,10 @@ inline void store(c10::BFloat16* dst, float f) {
   dst->x = static_cast<uint16_t>(f != f ? 0x7FC0u : rounded);
 }
 
+// No copy to write: `run<G, M, NoOut>` stores nothing (out is null).
+struct NoOut {};
+inline void store(NoOut*, float) {}
+
 // kLowWeight: w < 0.5, lerp as m + w * (g - m); else g + (w - 1) * (g - m) (as at::vec lerp).
 template <bool kLowWeight, typename G, typename M, typename O>
 void update_range(const G* __restrict g, float* __restrict p, M* __restrict m,
@@ -96,31 +103,36 @@ void update_range(const G* __restrict g, float* __restrict p, M* __restrict m,
     p[i] = pn;
     store(m + i, mi);
     store(v + i, vi);
-    store(out + i, pn);
+    if constexpr (!std::is_same_v<O, NoOut>) store(out + i, pn);
   }
 }
 
 template <typename G, typename M, typename O>
 void run(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
-         const at::Tensor& v, const at::Tensor& out, const Coefs& c, bool low_weight) {
+         const at::Tensor& v, const std::optional<at::Tensor>& out, const Coefs& c,
+         bool low_weight) {
   const G* gp = grad.const_data_ptr<G>();
   float* pp = master.data_ptr<float>();
   M* mp = m.data_ptr<M>();
   M* vp = v.data_ptr<M>();
-  O* op = out.data_ptr<O>();
+  O* op = nullptr;
+  if constexpr (!std::is_same_v<O, NoOut>) op = out->data_ptr<O>();
   parallel_blocks(master.numel(), [&](int64_t lo, int64_t hi) {
+    O* o = op ? op + lo : nullptr;
     if (low_weight) {
-      update_range<true>(gp + lo, pp + lo, mp + lo, vp + lo, op + lo, hi - lo, c);
+      update_range<true>(gp + lo, pp + lo, mp + lo, vp + lo, o, hi - lo, c);
     } else {
-      update_range<false>(gp + lo, pp + lo, mp + lo, vp + lo, op + lo, hi - lo, c);
+      update_range<false>(gp + lo, pp + lo, mp + lo, vp + lo, o, hi - lo, c);
     }
   });
 }
 
 template <typename G, typename M>
 void dispatch_out(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
-                  const at::Tensor& v, const at::Tensor& out, const Coefs& c, bool low) {
-  switch (out.scalar_type()) {
+                  const at::Tensor& v, const std::optional<at::Tensor>& out, const Coefs& c,
+                  bool low) {
+  if (!out.has_value()) return run<G, M, NoOut>(grad, master, m, v, out, c, low);
+  switch (out->scalar_type()) {
     case at::kFloat: return run<G, M, float>(grad, master, m, v, out, c, low);
     case at::kBFloat16: return run<G, M, c10::BFloat16>(grad, master, m, v, out, c, low);
     case at::kHalf: return run<G, M, c10::Half>(grad, master, m, v, out, c, low);
@@ -130,7 +142,8 @@ void dispatch_out(const at::Tensor& grad, const at::Tensor& master, const at::Te
 
 template <typename G>
 void dispatch_moments(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
-                      const at::Tensor& v, const at::Tensor& out, const Coefs& c, bool low) {
+                      const at::Tensor& v, const std::optional<at::Tensor>& out, const Coefs& c,
+                      bool low) {
   switch (m.scalar_type()) {
     case at::kFloat: return dispatch_out<G, float>(grad, master, m, v, out, c, low);
     case at::kBFloat16: return dispatch_out<G, c10::BFloat16>(grad, master, m, v, out, c, low);
@@ -139,10 +152,10 @@ void dispatch_moments(const at::Tensor& grad, const at::Tensor& master, const at
 }
 
 void adamw_(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
-            const at::Tensor& v, const at::Tensor& out, int64_t step, double lr, double beta1,
-            double beta2, double eps, double weight_decay, double grad_scale) {
+            const at::Tensor& v, const std::optional<at::Tensor>& out, int64_t step, double lr,
+            double beta1, double beta2, double eps, double weight_decay, double grad_scale) {
   const int64_t n = master.numel();
-  for (const at::Tensor* t : {&grad, &master, &m, &v, &out}) {
+  for (const at::Tensor* t : {&grad, &master, &m, &v, out ? &*out : &master}) {
     TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->numel() == n,
                 "host_adam: every tensor must be a contiguous CPU tensor of ", n, " elements");
   }
@@ -175,7 +188,7 @@ void adamw_(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& 
 
 TORCH_LIBRARY(slide_host_adam, lib) {
   lib.def(
-      "adamw_(Tensor grad, Tensor(a!) master, Tensor(b!) m, Tensor(c!) v, Tensor(d!) out, "
+      "adamw_(Tensor grad, Tensor(a!) master, Tensor(b!) m, Tensor(c!) v, Tensor(d!)? out, "
       "int step, float lr, float beta1, float beta2, float eps, float weight_decay, "
       "float grad_scale) -> ()");
 }

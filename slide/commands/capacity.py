@@ -64,6 +64,13 @@ def run(args: argparse.Namespace) -> int:
 SLIDEFORMER_HOST_BYTES_PER_PARAM = 12
 
 
+def slideformer_bytes_per_param(optimizer: str, moments: str = "fp32") -> int:
+    """SlideFormer's rule for an optimizer placement: the FP32 master and Adam moments left in
+    host RAM (it casts each layer's BF16 weights on the fly and keeps no copy of them)."""
+    moment_bytes = 8 if moments == "fp32" else 4
+    return {"cpu": 4 + moment_bytes, "nvme-moments": 4, "nvme": 0}[optimizer]
+
+
 def render(out: dict[str, Any]) -> str:
     ram = out["ram_bytes"]
     rule = ram / SLIDEFORMER_HOST_BYTES_PER_PARAM / 1e9
@@ -73,7 +80,9 @@ def render(out: dict[str, Any]) -> str:
     for r in out["placements"]:
         best = r["largest_model"] or "none"
         per_param = r["host_bytes_per_param"]
+        rule = slideformer_bytes_per_param(r["optimizer"])
         host = f"; host RAM {per_param:.1f} B/param" if per_param is not None else ""
+        host += f" (SlideFormer's rule: {rule} B/param)"
         lines.append(
             f"\nactivations on {r['activations']}, optimizer on {r['optimizer']}: "
             f"largest catalog model {best} ({r['largest_model_params'] / 1e9:.1f} B){host}"

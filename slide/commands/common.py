@@ -11,6 +11,7 @@ from slide.errors import UserError
 from slide_ir.specs.config import (
     ACTIVATION_CHOICES,
     CLIP_MODES,
+    HOST_WEIGHT_MODES,
     MOMENT_DTYPES,
     OPTIMIZER_PLACES,
     PLACEMENTS,
@@ -93,6 +94,15 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
     )
     parser.add_argument(
         "--moments", choices=MOMENT_DTYPES, default="fp32", help="Adam moment precision [fp32]"
+    )
+    parser.add_argument(
+        "--host-weights",
+        choices=HOST_WEIGHT_MODES,
+        default="auto",
+        help="the bf16 weights an upload reads, for host-updated units with their master in "
+        "RAM: cast from the master into a small pinned ring just before the upload, or a "
+        "pinned copy of every unit that the update writes (2 B/param more host RAM, less host "
+        "work); auto: the faster plan that fits, cast on a tie [auto]",
     )
     parser.add_argument(
         "--cache-units",
@@ -206,6 +216,7 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "activations": args.activations,
         "optimizer": args.optimizer,
         "moments_dtype": args.moments,
+        "host_weights": args.host_weights,
         "cache_units": parse_cache_units(args.cache_units),
         "resident": parse_count_or_auto("resident", args.resident),
         "streamed": parse_count_or_auto("streamed", args.streamed),

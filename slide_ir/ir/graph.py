@@ -40,8 +40,9 @@ class OpKind(StrEnum):
     EVAL_LOSS (w, x, tokens[, tied embedding w]) -> (): the loss only, for an eval graph;
     GPU_ADAM (g, state) -> (w, state); OPT_H2D (master, moments) -> (state); OPT_D2H the
     reverse; GRAD_ACCUM (landed g) -> (accumulator); ADAM reads the landed g, the accumulator
-    and the state (RAM or NVMe staging) and writes the pinned w and the state, told apart by
-    their pools' roles; every other kind is a copy (src) -> (dst)."""
+    and the state (RAM or NVMe staging) and writes the state and the pinned w (a unit whose
+    upload is cast from the master has none), told apart by their pools' roles; every other
+    kind is a copy (src) -> (dst)."""
 
     FWD = "fwd"  # forward of one layer on the GPU
     RECOMPUTE = "recompute"  # forward again from the saved layer input, before its backward
@@ -55,7 +56,9 @@ class OpKind(StrEnum):
     OPT_H2D = "opt_h2d"  # upload a streamed layer's FP32 master + moments for its GPU AdamW
     OPT_D2H = "opt_d2h"  # download them back after the update
     W_D2H = "w_d2h"  # download a streamed layer's updated BF16 weights into the pinned copy
-    CAST = "cast"  # FP32 -> BF16 cast of updated weights on the CPU (ZeRO-offload's, unfused)
+    # FP32 master -> compute-dtype weights on the CPU: ZeRO-offload's after its updates; the
+    # sliding schedule's into a weight-staging slot right before the unit's upload
+    CAST = "cast"
     GRAD_ACCUM = "grad_accum"  # add a micro-batch's landed BF16 grads into the CPU FP32 accumulator
     # global clipping: each parameter's gradient norm of a unit (where its step's gradient is
     # whole: the GPU for device-updated units, the landed copy on the host for the others)
@@ -100,6 +103,7 @@ class PoolRole(StrEnum):
     DEVICE_GRADS = "device_grads"  # every unit's gradients on the GPU, one flat slot
     GRAD_LANDING = "grad_landing"  # pinned RAM that downloaded gradients land in
     HOST_WEIGHTS = "host_weights"  # the pinned compute-dtype copy an upload reads
+    WEIGHT_STAGING = "weight_staging"  # a pinned ring an upload reads, cast from the master
     GRAD_ACCUM = "grad_accum"  # FP32 gradient accumulators in RAM
     MASTER = "master"  # FP32 master weights in RAM (pinned for streamed units)
     MOMENTS = "moments"  # Adam moments in RAM (pinned for streamed units)

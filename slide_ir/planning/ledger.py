@@ -116,13 +116,14 @@ def resident_preference(model: ModelSpec) -> tuple[int, ...]:
     return (0, *range(1, model.num_layers + 1), model.num_layers + 1)
 
 
-def adam_bytes_per_param(config: TrainConfig) -> int:
+def adam_bytes_per_param(config: TrainConfig, *, weight_copy: bool = True) -> int:
     """Bytes one CPU AdamW step touches per parameter: FP32 master read+write, both moments read
     + write, the BF16 gradient read (twice with per-unit clipping: its norm comes first; global
-    clipping's norm is its own op, `GRAD_NORM`), and the fused
-    BF16 weight write."""
+    clipping's norm is its own op, `GRAD_NORM`), and the fused BF16 weight write (`weight_copy`:
+    a unit whose upload is cast from the master has no copy to write)."""
     clip_read = BF16 if config.clip == "per-unit" else 0
-    return 2 * FP32 + 2 * config.moment_bytes + BF16 + BF16 + clip_read
+    copy = BF16 if weight_copy else 0
+    return 2 * FP32 + 2 * config.moment_bytes + BF16 + copy + clip_read
 
 
 # -- building --------------------------------------------------------------------------------
@@ -130,8 +131,8 @@ def adam_bytes_per_param(config: TrainConfig) -> int:
 ROLE_DTYPES = {R.HIDDEN: Dtype.COMPUTE, R.HIDDEN_GRAD: Dtype.COMPUTE, R.HOST_HIDDEN: Dtype.COMPUTE,
                R.UNIT: Dtype.COMPUTE, R.DEVICE_WEIGHTS: Dtype.COMPUTE,
                R.DEVICE_GRADS: Dtype.COMPUTE, R.GRAD_LANDING: Dtype.COMPUTE,
-               R.HOST_WEIGHTS: Dtype.COMPUTE, R.GRAD_ACCUM: Dtype.FP32, R.MASTER: Dtype.FP32,
-               R.MOMENTS: Dtype.MOMENTS, R.GRAD_NORMS: Dtype.FP32, R.GRAD_SCALE: Dtype.FP32}  # fmt: skip
+               R.HOST_WEIGHTS: Dtype.COMPUTE, R.WEIGHT_STAGING: Dtype.COMPUTE,
+               R.GRAD_ACCUM: Dtype.FP32, R.MASTER: Dtype.FP32, R.MOMENTS: Dtype.MOMENTS, R.GRAD_NORMS: Dtype.FP32, R.GRAD_SCALE: Dtype.FP32}  # fmt: skip
 
 
 class _Terms:
@@ -450,15 +451,41 @@ def _sliding_terms(
             role=R.GRAD_LANDING,
             units=tuple(u for u in host_updated if 1 <= u <= n),
         )
-    for group, members in _unit_groups(model, sliding):
+    cast = cast_units(config, host_updated)
+    for group, members in _unit_groups(model, [u for u in sliding if u not in cast]):
         terms.add_group(f"pinned_bf16_{group}", Tier.PINNED, members,
                         unit_params(model, members[0]), BF16, "bf16 weights (pinned)",
                         role=R.HOST_WEIGHTS)  # fmt: skip
+    _weight_ring_terms(terms, model, cast)
     _grad_accum_terms(terms, model, config, sliding)
     _global_clip_terms(terms, model, config)
     _optimizer_terms(terms, model, config, host_updated, drives)
     _optimizer_terms(terms, model, config, list(streamed), drives, pinned=True)
     _host_terms(terms)
+
+
+# slots of the weight-staging ring: one being cast while the one before it is uploaded
+WEIGHT_RING_SLOTS = 2
+
+
+def cast_units(config: TrainConfig, host_updated: list[int]) -> list[int]:
+    """The host-updated units whose uploads are cast from the master into the weight ring
+    (`TrainConfig.host_weights`, "auto" as "cast": the smallest footprint): those with the
+    master in RAM (on NVMe it is in RAM only around the update, which writes their pinned
+    copy instead)."""
+    if config.host_weights == "pinned" or config.optimizer == "nvme":
+        return []
+    return host_updated
+
+
+def _weight_ring_terms(terms: _Terms, model: ModelSpec, units: list[int]) -> None:
+    """The pinned ring the casts of `units` fill and their uploads read, a slot the size of
+    the largest of them (`slide_ir.planning.weight_ring`)."""
+    largest = max((unit_params(model, u) for u in units), default=0)
+    k = WEIGHT_RING_SLOTS
+    terms.add("pinned_weight_ring", Tier.PINNED, k, largest * BF16,
+              "bf16 weight staging ring (pinned)",
+              f"{k} x {largest:.4g} params (the largest unit) x 2 B", role=R.WEIGHT_STAGING, units=tuple(units))  # fmt: skip
 
 
 def _tape_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> None:

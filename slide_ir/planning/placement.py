@@ -199,6 +199,7 @@ def choose_placement(
         for floor in search.floors():
             search.time(floor)
     search.refine_tapes()
+    search.refine_tapes(legacy)  # the rule before the search, with its tapes: never beaten
     timed = sorted(search.timed.values(), key=Candidate.rank)
     fitting = tuple(c for c in timed if c.fits)
     if not fitting:
@@ -378,18 +379,21 @@ class _Search:
                 p = replace(p, resident=counts[-1] if most else near)
             self.time(p)
 
-    def refine_tapes(self) -> None:
-        """Kept tapes for the fastest placement (step 4 of the module docstring)."""
-        if not self.free_tapes or not self.timed or not self.fits(self.fastest()):
+    def refine_tapes(self, start: Placement | None = None) -> None:
+        """Kept tapes for the fastest placement (step 4 of the module docstring), or for `start`
+        at its own resident units."""
+        if not self.free_tapes or not self.timed:
             return
-        best = self.fastest()
+        best = start or self.fastest()
+        if not self.fits(best):
+            return
         most = _last_true(lambda k: self.gpu_fits(self.with_tapes(best, k, 0)), 0,
                           self.model.num_layers)  # fmt: skip
         one = self.with_tapes(best, 1, best.resident)
         if not most or (one.resident == best.resident and not self.faster(one, best)):
             return  # the compute lane does not bound the step: less recompute cannot help
         units = len(resident_preference(self.model)) - best.streamed
-        frontier = units if self.free_resident else best.resident
+        frontier = units if self.free_resident and start is None else best.resident
         _argmin(lambda k: self.time(self.with_tapes(best, k, frontier)).step_s, 0, most)
         p = self.fastest()
         while p.kept and self.free_resident and p.resident > 0:

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any, TypeVar
 
 from slide_ir.ir.graph import Graph, GraphInfo, UnitPlacement
 from slide_ir.planning.baselines import emit_gpu_only, emit_zero_offload
 from slide_ir.planning.builder import GraphBuilder
+from slide_ir.planning.cost import CostModel
 from slide_ir.planning.evaluation import emit_eval, eval_flops_per_batch
 from slide_ir.planning.ledger import Ledger, build_ledger, lce_chunk_tokens, resident_preference
-from slide_ir.planning.placement import PlacementChoice, choose_placement
+from slide_ir.planning.placement import RANK_STEPS, PlacementChoice, choose_placement
 from slide_ir.planning.schedules import Ctx
+from slide_ir.planning.sharding import shard_graph
 from slide_ir.planning.sliding import emit_sliding
 from slide_ir.planning.streaming import state_pace
+from slide_ir.planning.timeline import predict_step_s
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine, load_machine_toml, machine_to_toml
 from slide_ir.specs.model import ModelSpec
@@ -49,10 +52,39 @@ class Plan:
 
 def plan(model: ModelSpec, machine: Machine, config: TrainConfig, *, nproc: int = 1) -> Plan:
     """The plan of `config`, with its "auto" choices made by `choose_placement`: the returned
-    `Plan.config` holds them (activations, cache depth, resident and streamed counts).
+    `Plan.config` holds them (activations, cache depth, resident and streamed counts; the
+    host weights' layout, see `_host_weights`).
     `nproc` > 1: one rank's plan of data-parallel sliding (`data_parallel.shard_plan` shards
     it), its placement sized and timed as the ranks will run it; its own ledger is a single
     GPU's and may not fit one (the sharded one must)."""
+    if config.host_weights == "auto" and config.schedule == "sliding":
+        return _host_weights(model, machine, config, nproc)
+    return _placed(model, machine, config, nproc)
+
+
+def _host_weights(model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int) -> Plan:
+    """`host_weights="auto"`: the faster of the cast and pinned plans that fit, cast on a tie
+    (and when neither fits: the smaller footprint). Casting costs host work (every upload
+    reads the FP32 master), which the prediction sees where the `cpu` lane bounds the step."""
+    plans = [_placed(model, machine, replace(config, host_weights=h), nproc)
+             for h in ("cast", "pinned")]  # fmt: skip
+    fitting = [p for p in plans if p.feasible] or plans[:1]
+    return min(fitting, key=lambda p: _steady_step_s(p, nproc))
+
+
+def _steady_step_s(p: Plan, nproc: int) -> float:
+    """The plan's predicted steady step: the placement search's, else its graph timed over
+    `RANK_STEPS` steps as the search times a candidate."""
+    if p.choice is not None and p.choice.predicted_step_s is not None:
+        return p.choice.predicted_step_s
+    config = replace(p.config, steps=RANK_STEPS)
+    graph = build_graph(p.model, p.machine, config, p.ledger, check=False, values=nproc > 1)
+    graph = shard_graph(graph, p.model, nproc, 0, check=False)
+    return predict_step_s(graph, CostModel(p.machine, cpu_threads=config.cpu_threads, nproc=nproc))
+
+
+def _placed(model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int) -> Plan:
+    """`plan` with the host weights' layout given."""
     # the search's candidates are only timed: built unchecked (the plan's own graph is checked),
     # with the values their ops read and write only where sharding rewrites by them
     candidates = partial(build_graph, model, machine, check=False, values=nproc > 1)

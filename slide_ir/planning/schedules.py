@@ -76,6 +76,7 @@ class Ctx:
     # an eval graph's forward (`evaluation`): every unit and input freed once read, nothing
     # saved for a backward, and the loss computed without its gradients
     forward_only: bool = False
+    cast: frozenset[int] = frozenset()  # units whose uploads are cast into the weight ring
     # False: the ops name no values (the placement search's candidates, which are only timed:
     # a third of their building time); the helpers below then return None, which emit drops
     values: bool = True
@@ -89,6 +90,8 @@ class Ctx:
         self.homes = unit_homes(self.b.pools)
         tokens = [p for p in self.b.pools if p.role == PoolRole.TOKENS]
         self.tokens_slot = slot_id(tokens[0].name, 0) if tokens else ""
+        ring = [p for p in self.b.pools if p.role == PoolRole.WEIGHT_STAGING]
+        self.cast = frozenset(u for p in ring for u in p.units)
 
     def params(self, unit: int) -> int:
         """`unit_params` of `unit`, computed once per build."""
@@ -460,7 +463,8 @@ def device_update(
 
 def adam_work(ctx: Ctx, unit: int) -> Work:
     p = ctx.params(unit)
-    return Work(elements=p, bytes=p * adam_bytes_per_param(ctx.config))
+    nbytes = adam_bytes_per_param(ctx.config, weight_copy=unit not in ctx.cast)
+    return Work(elements=p, bytes=p * nbytes)
 
 
 def gpu_adam_work(ctx: Ctx, unit: int) -> Work:
@@ -542,18 +546,20 @@ class OptimizerIo:
         scale: Value | None = None,
     ) -> str:
         """The CPU AdamW of `unit` from its landed `grads` (state read ahead from NVMe first,
-        written back after); `order` is the order the updates are emitted in, for the read-ahead.
-        With several micro-batches the landed gradient is added into the accumulator first
-        (no `grads`: it already was). Under global clipping it reads the step's `scale`."""
+        written back after; its pinned weight copy written unless its uploads cast); `order` is
+        the order the updates are emitted in, for the read-ahead. With several micro-batches
+        the landed gradient is added into the accumulator first (no `grads`: it already was).
+        Under global clipping it reads the step's `scale`."""
         ctx = self.ctx
         reads = self.prefetch(order, order.index(unit))
         op_id = ctx.sid(self.step, unit, "adam")
         acc = ctx.home(R.GRAD_ACCUM, unit, "gacc") if ctx.config.grad_accum > 1 else None
         state = self._state(unit)
         added = acc and ctx.at(acc.name, acc.slot, accumulate=True) if grads else None
+        copy = None if unit in ctx.cast else ctx.home(R.HOST_WEIGHTS, unit, "w")
         ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, unit=unit, work=adam_work(ctx, unit),
                    deps=[*deps, *reads], release=release, reads=[grads, acc, scale, *state],
-                   writes=[added, ctx.home(R.HOST_WEIGHTS, unit, "w"), *state])  # fmt: skip
+                   writes=[added, copy, *state])  # fmt: skip
         self.write_back(unit, op_id)
         ctx.last_update[unit] = op_id
         return op_id

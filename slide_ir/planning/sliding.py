@@ -4,7 +4,9 @@ Per step (and micro-batch): the embedding and decoder layers are uploaded into a
 units `cache_units - 1` layers ahead of the forward; the last of them stay on the GPU into the
 backward. In backward, layer j's gradients go down on `d2h` as soon as its backward ends and its
 AdamW update runs on `cpu` while the GPU computes layer j-1. The next step's upload of a unit
-waits for that unit's update. Resident units never move: a GPU AdamW updates them in place.
+waits for that unit's update (and, where the unit has no pinned copy, for the cast of its
+master into a staging ring: `weight_ring`). Resident units never move: a GPU AdamW updates them
+in place.
 
 Streamed units (see `streaming`) slide like the others, but their FP32 state comes up on `h2d`
 before their backward, a GPU AdamW updates them after it, and the new BF16 weights, then the
@@ -31,6 +33,7 @@ from slide_ir.planning.schedules import (
     unit_group,
 )
 from slide_ir.planning.values import grads, weights
+from slide_ir.planning.weight_ring import cast_for_upload
 
 K = OpKind
 R = PoolRole
@@ -92,10 +95,15 @@ class WeightUploads:
         pool = "gpu_units" if 1 <= unit <= ctx.n else f"gpu_{unit_group(ctx, unit)}"
         what = "w.h2d" if self.phase == "fwd" else "w.h2d.bwd"
         op_id = ctx.oid(self.step, self.micro, unit, what)
-        after = ctx.last_update.get(unit)
-        home = ctx.home(R.HOST_WEIGHTS, unit, "w")
+        after, staged = ctx.last_update.get(unit), None
+        if unit in ctx.cast:
+            cast = ctx.oid(self.step, self.micro, unit, what.replace("h2d", "cast"))
+            staged = cast_for_upload(ctx, cast, self.step, unit, after)
+            after, src = cast, ctx.at(weights(unit), staged)
+        else:
+            src = ctx.home(R.HOST_WEIGHTS, unit, "w")
         slot = _upload(ctx, op_id, K.H2D_PARAM, self.step, unit, param_bytes(ctx, unit), after,
-                       pool, [home])  # fmt: skip
+                       pool, [src], release=staged)  # fmt: skip
         ctx.unit_slot[unit], ctx.weights_ready[unit] = slot, op_id
 
 
@@ -313,11 +321,12 @@ def _upload(
     pool: str,
     reads: list[Value | None],
     what: str = "w",
+    release: str | None = None,
 ) -> str:
     """An `h2d` copy of `nbytes` from `reads` into a slot of `pool` (as `L{unit}.{what}`) once
-    `after` is done; returns the slot."""
+    `after` is done, releasing the host slot `release` read from; returns the slot."""
     (slot,) = ctx.b.emit(op_id, kind, "h2d", step=step, unit=unit, work=Work(bytes=nbytes),
-                         deps=[after], acquire=[pool], reads=reads,
+                         deps=[after], acquire=[pool], release=[release], reads=reads,
                          writes=[ctx.taken(f"L{unit}.{what}")])  # fmt: skip
     return slot
 

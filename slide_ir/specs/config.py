@@ -39,6 +39,20 @@ class MomentsDtype(StrEnum):
     BF16 = "bf16"
 
 
+class HostWeights(StrEnum):
+    """Where the compute-dtype weights an upload reads come from, for host-updated units
+    whose FP32 master is in RAM (`slide_ir.planning.weight_ring`)."""
+
+    # cast from the master into a small pinned ring just before each upload (SlideFormer's
+    # layout: no copy of the weights beside the master)
+    CAST = "cast"
+    PINNED = "pinned"  # a pinned copy of every unit, written by the update (2 B/param more)
+    # the planner times both and keeps the faster plan that fits, cast on a tie (casts are
+    # more host work: 6 B/param per upload against the update's fused 2 B); a ledger of an
+    # unresolved "auto" is cast's, the smallest footprint
+    AUTO = "auto"
+
+
 class PlacementMode(StrEnum):
     """How "auto" choices are made."""
 
@@ -68,10 +82,12 @@ OPTIMIZER_PLACES = tuple(map(str, OptimizerHome))
 MOMENT_DTYPES = tuple(map(str, MomentsDtype))
 PLACEMENTS = tuple(map(str, PlacementMode))
 CLIP_MODES = tuple(map(str, Clip))
+HOST_WEIGHT_MODES = tuple(map(str, HostWeights))
 DEFAULT_CACHE_UNITS = 3
 # the string choices of TrainConfig, turned into their StrEnum on construction
 _ENUMS = {"schedule": Schedule, "activations": Activations, "optimizer": OptimizerHome,
-          "moments_dtype": MomentsDtype, "placement": PlacementMode, "clip": Clip}  # fmt: skip
+          "moments_dtype": MomentsDtype, "placement": PlacementMode, "clip": Clip,
+          "host_weights": HostWeights}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,6 +129,7 @@ class TrainConfig:
     # 8B plan at 99% of the H200 host's 125 GiB was killed by the kernel's OOM killer)
     host_margin: float = 0.05
     clip: str = Clip.NONE
+    host_weights: str = HostWeights.AUTO
     clip_norm: float = 1.0
     # zero-offload: DeepSpeed's reduce_bucket_size, in elements (its default; see zero_offload)
     reduce_bucket: int = 500_000_000

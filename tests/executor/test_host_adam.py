@@ -108,6 +108,26 @@ def test_bf16_out_rounds_to_nearest_even_and_keeps_nan() -> None:
     torch.testing.assert_close(out, master.bfloat16(), equal_nan=True, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("moments", [torch.float32, torch.bfloat16], ids=["m32", "m16"])
+def test_no_copy_updates_the_state_as_with_one(moments: torch.dtype) -> None:
+    """A unit whose uploads cast from the master passes no `out`: master and moments come out
+    bitwise as when the copy is written, and the copy is what a later cast of the master gives."""
+    n = 100_003
+    gen = torch.Generator().manual_seed(2)
+    p0, g = torch.randn(n, generator=gen), torch.randn(n, generator=gen).bfloat16()
+    runs = []
+    for out in (torch.empty(n, dtype=torch.bfloat16), None):
+        master = p0.clone()
+        m, v = torch.zeros(n, dtype=moments), torch.zeros(n, dtype=moments)
+        for step in (1, 2):
+            host_adam.adamw_(g, master, m, v, out, step=step, lr=LR, betas=BETAS, eps=EPS,
+                             weight_decay=0.1)  # fmt: skip
+        runs.append((master, m, v, out))
+    (master, m, v, out), (master2, m2, v2, _) = runs
+    assert torch.equal(master, master2) and torch.equal(m, m2) and torch.equal(v, v2)
+    assert out is not None and torch.equal(out, master2.bfloat16())
+
+
 def test_threads_split_the_range_without_changing_results() -> None:
     n = 200_003  # several 32 Ki-element blocks per thread, an odd tail
     gen = torch.Generator().manual_seed(1)

@@ -18,6 +18,13 @@ CASES = {
     "searched-8b-h200": ("llama-3.1-8b", "h200-16c-128g", {}),
     "streamed-3b-h200": ("llama-3.2-3b", "h200-16c-128g", {"resident": 0}),
     "small-3b-4090": ("llama-3.2-3b", "paper-pc-4090", {"placement": "small"}),
+    # every upload cast from the master into the weight ring on the cpu lane, deferred updates
+    "cast-small-clip-accum-4090": (
+        "llama-3.2-3b",
+        "paper-pc-4090",
+        {"placement": "small", "host_weights": "cast", "clip": "global", "grad_accum": 2},
+    ),
+    "cast-searched-8b-h200": ("llama-3.1-8b", "h200-16c-128g", {"host_weights": "cast"}),
     "nvme-state-and-inputs": (
         "qwen2.5-3b",
         "paper-pc-4090",

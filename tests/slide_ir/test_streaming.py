@@ -18,7 +18,7 @@ def h200():
 
 def test_streamed_units_move_state_to_pinned_ram_and_add_gpu_staging(h200):
     model = load_model("llama-3.2-3b")
-    config = TrainConfig(batch=16, seq=1024, streamed=5, activations="cpu")
+    config = TrainConfig(batch=16, seq=1024, streamed=5, activations="cpu", host_weights="pinned")
     base = build_ledger(model, h200, config)
     led = build_ledger(model, h200, config, streamed=(0, 1, 2, 3, 4))
     layer, embed = model.layer_params, model.embedding_params

@@ -1,0 +1,36 @@
+"""Uploads cast on the fly: a unit's compute-dtype weights made from its FP32 master just
+before the upload, in a small pinned ring, instead of a pinned copy of every unit.
+
+A pinned copy of every host-updated unit costs 2 B/param of host RAM beside the 12 of master
+and moments (145 GB for a 72B model); SlideFormer keeps none. Here a `CAST` on the `cpu` lane
+reads the unit's master once its latest update is done (`Ctx.last_update`: the step's deferred
+update under global clipping too) and writes the weights into a slot of `pinned_weight_ring`
+(`ledger.WEIGHT_RING_SLOTS` slots, each the largest such unit); the unit's `H2D_PARAM` waits for
+the cast, reads the slot and releases it. The next tenant's cast waits for that release
+(`GraphBuilder` ring reuse), so at most that many casts run ahead of the uploads. Every upload
+casts, the backward's re-uploads too: a cast is 6 B/param on the host (FP32 read, BF16 write)
+against the 2 B the update's fused copy wrote. Which units cast is the ledger's choice
+(`ledger.cast_units`).
+
+Invariant: a unit in `Ctx.cast` has no `HOST_WEIGHTS` home; its update writes only the state.
+"""
+
+from __future__ import annotations
+
+from slide_ir.ir.graph import OpKind, PoolRole, Work
+from slide_ir.planning.ledger import BF16, FP32
+from slide_ir.planning.schedules import Ctx
+from slide_ir.planning.values import weights
+
+RING_POOL = "pinned_weight_ring"
+
+
+def cast_for_upload(ctx: Ctx, op_id: str, step: int, unit: int, after: str | None) -> str:
+    """Emit `op_id`, the cast of `unit`'s master into a ring slot once `after` (its latest
+    update) is done; returns the slot, which the upload that reads it releases."""
+    p = ctx.params(unit)
+    (slot,) = ctx.b.emit(op_id, OpKind.CAST, "cpu", step=step, unit=unit,
+                         work=Work(elements=p, bytes=p * (FP32 + BF16)), deps=[after],
+                         acquire=[RING_POOL], reads=[ctx.home(PoolRole.MASTER, unit, "master")],
+                         writes=[ctx.taken(weights(unit))])  # fmt: skip
+    return slot
