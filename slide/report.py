@@ -61,11 +61,13 @@ def advice(p: Plan) -> list[str]:
 
 
 def baselines(p: Plan) -> dict[str, dict[str, int]]:
-    """GPU and host bytes of the other schedules for the same model, machine and batch."""
+    """GPU and host bytes of the other schedules for the same model, machine and batch (with
+    per-unit clipping where the plan clips globally: only the sliding schedule defers updates)."""
     out = {}
+    clip = "per-unit" if p.config.deferred_updates else p.config.clip
     for schedule in ("gpu-only", "zero-offload"):
         if schedule != p.config.schedule:
-            config = replace(p.config, schedule=schedule, resident=0, streamed=0)
+            config = replace(p.config, schedule=schedule, resident=0, streamed=0, clip=clip)
             led = build_ledger(p.model, p.machine, config)
             out[schedule] = {tier: led.peak_bytes(tier) for tier in ("gpu", "cpu")}
     return out

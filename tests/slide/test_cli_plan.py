@@ -229,6 +229,8 @@ def test_plan_compares_with_the_baseline_schedules(capsys):
     assert base["zero-offload"]["cpu"] > 16 * params  # FP32 grads, master, moments; BF16 copy
     code, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b")
     assert code == 0 and "for comparison, the same run needs: gpu-only GPU" in out
+    code, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b", "--clip", "global")
+    assert code == 0 and "for comparison, the same run needs: gpu-only GPU" in out
 
 
 # -- exit status: 0 fits, 1 does not fit (a result, printed), 2 a user error ---------------------
