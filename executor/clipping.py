@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from executor.adam import CLIP_EPS
+from executor.adam import CLIP_EPS, fp32_norm
 from executor.env import Env, LaneState
 from executor.layout import Entry, UnitLayout
 from slide_ir.ir.graph import Op, PoolRole
@@ -49,7 +49,8 @@ def grad_norm(env: Env, lane: LaneState, op: Op) -> None:
     grad = _gradient(env, op)
     for acc in (v for v in op.reads if env.buffers.roles[v.slot] == R.GRAD_ACCUM):
         grad = env.buffers.of(acc, u).add_(grad)
-    norms = param_norms(grad, env.layouts[u], shard.start, shard.end)
+    scratch = lane.scratch.grad if lane.scratch is not None else None
+    norms = param_norms(grad, env.layouts[u], shard.start, shard.end, scratch)
     (out,) = (v for v in op.writes if env.buffers.roles[v.slot] == R.GRAD_NORMS)
     dst = env.buffers.of(out, u)
     if len(norms) > dst.numel():
@@ -57,14 +58,17 @@ def grad_norm(env: Env, lane: LaneState, op: Op) -> None:
     dst[: len(norms)].copy_(norms, non_blocking=env.cuda)
 
 
-def param_norms(grad: torch.Tensor, layout: UnitLayout, start: int, end: int) -> torch.Tensor:
+def param_norms(
+    grad: torch.Tensor, layout: UnitLayout, start: int, end: int,
+    scratch: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """FP32 L2 norms of each parameter's part inside elements [start, end) of the unit, whose
-    gradient there is `grad`, in `hf_order`."""
+    gradient there is `grad`, in `hf_order` (`scratch`: see `adam.fp32_norm`)."""
     parts = []
     for e in hf_order(layout):
         lo, hi = max(e.offset, start), min(e.offset + e.numel, end)
         part = grad[lo - start : hi - start] if hi > lo else grad[:0]
-        parts.append(torch.linalg.vector_norm(part, dtype=torch.float32))
+        parts.append(fp32_norm(part, scratch))
     return torch.stack(parts)
 
 

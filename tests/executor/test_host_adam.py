@@ -261,3 +261,18 @@ def test_a_build_says_so_and_where_it_is_cached(
         host_adam._build("portable")
     (line,) = [r.getMessage() for r in caplog.records if "building" in r.getMessage()]
     assert "once per host" in line and str(tmp_path / "slide_host_adam_portable") in line
+
+
+def test_a_long_bf16_host_norm_goes_by_chunks_and_stays_exact() -> None:
+    """Up to the scratch's length it is torch's norm bit for bit; past it, chunks upcast into
+    the scratch, whose combined norm is as close to the exact one as torch's (closer, here)."""
+    g = torch.randn(3 * 4096 + 17, generator=torch.Generator().manual_seed(0)).bfloat16()
+    scratch = torch.empty(4096)
+    torch_norm = torch.linalg.vector_norm(g, dtype=torch.float32)
+    exact = torch.linalg.vector_norm(g.double()).item()
+    assert torch.equal(
+        adam.fp32_norm(g[:4096], scratch), torch.linalg.vector_norm(g[:4096], dtype=torch.float32)
+    )
+    chunked = adam.fp32_norm(g, scratch).item()
+    assert abs(chunked - exact) <= max(abs(torch_norm.item() - exact), 1e-6 * exact)
+    assert torch.equal(adam.fp32_norm(g.float(), scratch), torch.linalg.vector_norm(g.float()))
