@@ -102,31 +102,26 @@ class StepHp:
 CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_
 
 
-def fp32_norm(t: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
-    """||t|| in FP32, as `torch.linalg.vector_norm(t, dtype=float32)` takes it, except for a
-    host tensor in BF16 (a landed gradient) longer than the FP32 `scratch`: torch's CPU norm
-    of BF16 ran at 2.3 GB/s (upcasting on the way), 7x slower than the norm of chunks upcast
-    into a cache-sized FP32 buffer first; those chunks' norms are then combined."""
-    if t.is_cuda or t.dtype == torch.float32 or scratch is None or t.numel() <= scratch.numel():
-        return torch.linalg.vector_norm(t, dtype=torch.float32)
-    chunks = [
-        torch.linalg.vector_norm(scratch[: len(c)].copy_(c)) for c in t.split(scratch.numel())
-    ]
-    return torch.linalg.vector_norm(torch.stack(chunks))
+def fp32_norm(t: torch.Tensor) -> torch.Tensor:
+    """||t|| as a 0-d FP32 tensor: torch's norm, except for a host tensor in BF16 or FP16 (a
+    landed gradient), whose squares the host kernel sums in double at memory speed (torch's CPU
+    norm of BF16 ran at 2.3 GB/s: as long as the AdamW pass itself)."""
+    if not t.is_cuda and t.dtype != torch.float32 and (total := host_adam.sumsq(t)) is not None:
+        return torch.tensor(math.sqrt(total), dtype=torch.float32)
+    return torch.linalg.vector_norm(t, dtype=torch.float32)
 
 
 def clip_coef(
     grad: torch.Tensor,
     max_norm: float | None,
     sum_over_ranks: SumOverRanks | None = None,
-    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """min(1, max_norm / (||grad|| + eps)) as a 0-d FP32 tensor on the grad's device (no host
     sync on a GPU), or None when not clipping. A shard's norm is the unit's: its squares
-    summed over the ranks. `scratch`: see `fp32_norm`."""
+    summed over the ranks."""
     if max_norm is None:
         return None
-    norm = fp32_norm(grad, scratch)
+    norm = fp32_norm(grad)
     if sum_over_ranks is not None:
         norm = sum_over_ranks(norm.square()).sqrt()
     return (max_norm / (norm + CLIP_EPS)).clamp(max=1.0)
@@ -204,7 +199,7 @@ def update_host(
     if host_adam.kernel() is None:
         update_host_torch(layout, grad, parts, out, hp, scratch)
         return
-    coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks, scratch.grad)
+    coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks)
     scale = hp.grad_scale if hp.grad_scale is not None else 1.0 if coef is None else float(coef)
     c = hp.config
     for lo, hi, decay, part in _pieces(layout, parts, WHOLE):
@@ -235,7 +230,7 @@ def update_host_torch(
     """`update_host` with torch's fused AdamW over `CHUNK`-element chunks (the fallback, and the
     baseline bench/host/host_adam.py times)."""
     scratch.step.fill_(float(hp.step))
-    coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks, scratch.grad)
+    coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks)
     if hp.grad_scale is not None:
         coef = torch.tensor(hp.grad_scale)
     for lo, hi, decay, part in _pieces(layout, parts, CHUNK):

@@ -49,8 +49,7 @@ def grad_norm(env: Env, lane: LaneState, op: Op) -> None:
     grad = _gradient(env, op)
     for acc in (v for v in op.reads if env.buffers.roles[v.slot] == R.GRAD_ACCUM):
         grad = env.buffers.of(acc, u).add_(grad)
-    scratch = lane.scratch.grad if lane.scratch is not None else None
-    norms = param_norms(grad, env.layouts[u], shard.start, shard.end, scratch)
+    norms = param_norms(grad, env.layouts[u], shard.start, shard.end)
     (out,) = (v for v in op.writes if env.buffers.roles[v.slot] == R.GRAD_NORMS)
     dst = env.buffers.of(out, u)
     if len(norms) > dst.numel():
@@ -58,17 +57,14 @@ def grad_norm(env: Env, lane: LaneState, op: Op) -> None:
     dst[: len(norms)].copy_(norms, non_blocking=env.cuda)
 
 
-def param_norms(
-    grad: torch.Tensor, layout: UnitLayout, start: int, end: int,
-    scratch: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
+def param_norms(grad: torch.Tensor, layout: UnitLayout, start: int, end: int) -> torch.Tensor:
     """FP32 L2 norms of each parameter's part inside elements [start, end) of the unit, whose
-    gradient there is `grad`, in `hf_order` (`scratch`: see `adam.fp32_norm`)."""
+    gradient there is `grad`, in `hf_order` (`adam.fp32_norm`)."""
     parts = []
     for e in hf_order(layout):
         lo, hi = max(e.offset, start), min(e.offset + e.numel, end)
         part = grad[lo - start : hi - start] if hi > lo else grad[:0]
-        parts.append(fp32_norm(part, scratch))
+        parts.append(fp32_norm(part))
     return torch.stack(parts)
 
 

@@ -19,6 +19,8 @@ without cpp_extension's ninja check; `prebuild()` starts the build on a thread s
 a run's set-up (a fresh host compiles it once, ~10-20 s); a build lock older than
 `STALE_LOCK_S` (its builder was killed: cpp_extension would wait for it forever) is removed.
 
+`sumsq` (a clipping norm's sum of squares) runs in the same library, on the same threads.
+
 Invariant: `adamw_` takes 1-D contiguous CPU tensors of one length; master FP32, m and v one
 dtype (FP32 or BF16), gradient and out FP32, BF16 or FP16 (out may be None: no copy).
 """
@@ -201,3 +203,11 @@ def adamw_(
     op = kernel()
     assert op is not None, "host AdamW kernel unavailable; check kernel() first"
     op(grad, master, m, v, out, step, lr, betas[0], betas[1], eps, weight_decay, grad_scale)
+
+
+def sumsq(t: torch.Tensor) -> float | None:
+    """The sum of squares of a contiguous CPU tensor, accumulated in double over the kernel's
+    threads (None when the kernel is unavailable)."""
+    if kernel() is None:
+        return None
+    return float(torch.ops.slide_host_adam.sumsq(t))

@@ -58,7 +58,9 @@ def main(out_dir: str) -> None:
     for i, chat in enumerate(chats):
         files["eval" if i % EVAL_EVERY == EVAL_EVERY - 1 else "train"].append(chat)
     for name, rows in files.items():
-        (out / f"{name}.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in rows))
+        (out / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"messages": c}) + "\n" for c in rows)
+        )
         print(f"{name}: {len(rows)} conversations")
 
 

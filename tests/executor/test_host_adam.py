@@ -7,8 +7,10 @@ after every step, which is what keeping them in BF16 means, so both sides round 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import math
 
 import pytest
 import torch
@@ -263,16 +265,28 @@ def test_a_build_says_so_and_where_it_is_cached(
     assert "once per host" in line and str(tmp_path / "slide_host_adam_portable") in line
 
 
-def test_a_long_bf16_host_norm_goes_by_chunks_and_stays_exact() -> None:
-    """Up to the scratch's length it is torch's norm bit for bit; past it, chunks upcast into
-    the scratch, whose combined norm is as close to the exact one as torch's (closer, here)."""
-    g = torch.randn(3 * 4096 + 17, generator=torch.Generator().manual_seed(0)).bfloat16()
-    scratch = torch.empty(4096)
-    torch_norm = torch.linalg.vector_norm(g, dtype=torch.float32)
-    exact = torch.linalg.vector_norm(g.double()).item()
-    assert torch.equal(
-        adam.fp32_norm(g[:4096], scratch), torch.linalg.vector_norm(g[:4096], dtype=torch.float32)
-    )
-    chunked = adam.fp32_norm(g, scratch).item()
-    assert abs(chunked - exact) <= max(abs(torch_norm.item() - exact), 1e-6 * exact)
-    assert torch.equal(adam.fp32_norm(g.float(), scratch), torch.linalg.vector_norm(g.float()))
+@contextlib.contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_bf16_host_norm_is_summed_in_double_by_the_kernel() -> None:
+    """The kernel's sum of squares is the exact one to double rounding, on any thread count,
+    the same bits on the same count; FP32 tensors keep torch's own norm."""
+    g = torch.randn(3 * 4096 * 16 + 17, generator=torch.Generator().manual_seed(0)).bfloat16()
+    exact = float((g.double() ** 2).sum())
+    runs = []
+    for threads in (1, 2):
+        with _threads(threads):
+            runs.append(host_adam.sumsq(g))
+            runs.append(host_adam.sumsq(g))
+    assert runs[0] == runs[1] and runs[2] == runs[3]
+    assert all(abs(r - exact) <= 1e-12 * exact for r in runs)
+    norm = adam.fp32_norm(g)
+    assert norm.dtype == torch.float32 and norm.item() == pytest.approx(math.sqrt(exact), rel=1e-7)
+    assert torch.equal(adam.fp32_norm(g.float()), torch.linalg.vector_norm(g.float()))
