@@ -26,7 +26,7 @@ from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.recording import default_trace_steps
 from executor.run import Engine, Eval, Hooks, InfeasiblePlanError, Options, Start, TrainResult
-from slide.calibration.auto_machine import refit_cache
+from slide.calibration.auto_machine import refit_cache, refit_key
 from slide.errors import UserError
 from slide_ir.planning import refit
 from slide_ir.planning.data_parallel import check_nproc, plan_data_parallel, shard_plan
@@ -141,7 +141,7 @@ def train(
     if checked is not None:
         result.meta["replan"] = checked.summary()
         if refit_profile and checked.factors:
-            refit_cache(dev, checked.factors)
+            refit_cache(dev, checked.factors, refit_key(p.model.name, p.config.batch, p.config.seq))
     return result
 
 

@@ -243,7 +243,7 @@ def prediction_warning(summary: dict[str, Any], *, refits_profile: bool) -> str 
     if not moved:
         fix = "no re-fit ran (--no-replan, a run too short, or nothing moved)"
     elif refits_profile:
-        fix = f"the re-fit changed {moved}, written to this host's profile for the next run"
+        fix = f"the re-fit changed {moved}, kept for this host's next runs of this shape"
     else:
         fix = f"the re-fit changed {moved} for this run (--machine auto keeps it for the next)"
     return (

@@ -31,6 +31,7 @@ from executor.interrupts import AbortRun
 from executor.phases import Phases, since_process_start
 from executor.ranks import Ranks
 from executor.run import Eval, InfeasiblePlanError, NonFiniteLossError, ReadState
+from slide.calibration.auto_machine import refit_key
 from slide.chat_data import LengthLimit
 from slide.checkpoints import RunDir
 from slide.data import TokenStream, batches, load_token_stream, sample_count
@@ -197,7 +198,8 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
         spec = saved.model if saved else load_model(req.model)
     host_adam.prebuild()  # a fresh host compiles it (7 s on the H200) beside the GPU probes
     with phases("machine"):
-        machine = saved.machine if saved else resolve_machine(req, device)
+        shape = refit_key(spec.name, req.config.batch // nproc, req.config.seq)
+        machine = saved.machine if saved else resolve_machine(req, device, shape)
     # a saved plan fixes the configuration but for the steps (the request's are the plan's
     # unless --steps said otherwise: `slide.commands.train_inputs`)
     req = replace(
@@ -460,12 +462,13 @@ def _saved_plan(path: str | None) -> Plan | None:
         raise UserError(f"plan file {path} is not a plan `slide plan --out` wrote: {exc}") from None
 
 
-def resolve_machine(req: TrainRequest, device: torch.device) -> Machine:
-    """`auto`: this host, measured once and cached (`slide.calibration.auto_machine`); else a catalog name
-    or a .toml profile. `--ram-gb` and `--nvme` override either."""
+def resolve_machine(req: TrainRequest, device: torch.device, shape: str | None = None) -> Machine:
+    """`auto`: this host, measured once and cached (`slide.calibration.auto_machine`), re-fit
+    to earlier runs of `shape`; else a catalog name or a .toml profile. `--ram-gb` and `--nvme`
+    override either."""
     from slide.calibration.auto_machine import resolve
 
-    return resolve(req.machine, device, ram_gb=req.ram_gb, nvme=req.nvme)
+    return resolve(req.machine, device, ram_gb=req.ram_gb, nvme=req.nvme, shape=shape)
 
 
 def _token_stream(req: TrainRequest, path: str | None = None) -> TokenStream:

@@ -7,7 +7,11 @@ elementwise and AdamW rates; ~20 s), writes the profile to
     $XDG_CACHE_HOME/slide/machines/<Host.key>.toml   (~/.cache/slide/machines/ by default)
 
 by one atomic rename, and plans with it; later runs on a host with the same key (GPU model and
-memory, CPU model, usable cores, RAM) read it back. `slide calibrate` writes the same entry with its
+memory, CPU model, usable cores, RAM) read it back. A run's re-fit (`slide_ir.planning.refit`)
+is kept beside it in `<Host.key>.refits.json`, under the run's shape (model, micro-batch, seq:
+`refit_key`), and applied only to later runs of that shape: a re-fit measures how far the
+profile is off at one shape, and applied to all of them, a small model's run (host-issue bound,
+its GEMMs small) cut the GPU rates every later large run was planned with by 1.6x. `slide calibrate` writes the same entry with its
 longer probes, so a calibration refreshes what `auto` uses. Every GPU is measured: none takes
 another card's catalog figures. A cache file that cannot be read or parsed is measured again,
 with one warning; one that cannot be written is only warned about.
@@ -20,6 +24,7 @@ describe CPU compute, so a host-only probe would not make those predictions mean
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import platform
@@ -46,27 +51,36 @@ log = logging.getLogger(__name__)
 CPU_MODE_PRESET = "paper-pc-4090"
 
 
-def auto_machine(device: Any, *, ram_gb: float | None = None) -> Machine:
-    """This host's machine for planning on `device` (a torch.device); `ram_gb` overrides the
-    usable DRAM as `--ram-gb` does."""
+def auto_machine(device: Any, *, ram_gb: float | None = None, shape: str | None = None) -> Machine:
+    """This host's machine for planning on `device` (a torch.device), re-fit to earlier runs
+    of `shape` (`refit_key`) if any; `ram_gb` overrides the usable DRAM as `--ram-gb` does."""
     if device.type != "cuda":
         machine = _cpu_mode()
     else:
         host = host_probes.this_host(device)
         machine = cached(host) or measure(host)
+        factors = _refits(host).get(shape or "")
+        if factors:
+            machine = refit_machine(machine, factors)
         machine = replace(machine, name=f"auto ({host.gpu})")
     return machine if ram_gb is None else with_ram(machine, ram_gb)
 
 
 def resolve(
-    name: str, device: Any, *, ram_gb: float | None = None, nvme: int | None = None
-) -> Machine:
-    """`auto`: this host on `device` (`auto_machine`); else a catalog name or a .toml profile.
-    `ram_gb` and `nvme` (a drive count) override either."""
+    name: str, device: Any, *, ram_gb: float | None = None, nvme: int | None = None,
+    shape: str | None = None,
+) -> Machine:  # fmt: skip
+    """`auto`: this host on `device` (`auto_machine`, re-fit for `shape`); else a catalog name
+    or a .toml profile. `ram_gb` and `nvme` (a drive count) override either."""
     if name != "auto":
         return load_machine(name, ram_gb=ram_gb, nvme=nvme)
-    machine = auto_machine(device, ram_gb=ram_gb)
+    machine = auto_machine(device, ram_gb=ram_gb, shape=shape)
     return machine if nvme is None else with_drives(machine, nvme, None)
+
+
+def refit_key(model: str, micro_batch: int, seq: int) -> str:
+    """The shape a re-fit belongs to: the model and one GPU's micro-batch of tokens."""
+    return f"{model} {micro_batch}x{seq}"
 
 
 def _cpu_mode() -> Machine:
@@ -116,19 +130,47 @@ def measure(host: Host) -> Machine:
     finally:
         torch.cuda.empty_cache()  # the probes' blocks back to the driver before the run reserves
     machine = host_probes.profile(platform.node() or "auto", host, got, stamp)
-    store(host, machine, host_probes.header("slide train --machine auto", got))
+    if store(host, machine, host_probes.header("slide train --machine auto", got)):
+        _write_refits(host, {})  # re-fits of the profile measured before no longer apply
     return machine
 
 
-def refit_cache(device: Any, factors: Mapping[str, float]) -> Path | None:
-    """Write back a run's re-fit rates (`slide_ir.planning.refit`: measured / predicted per lane) into
-    this host's cached profile, so the next run plans with them from its first step."""
-    host = host_probes.this_host(device)
-    machine = cached(host)
-    if machine is None or not factors:
+def refits_path(host: Host) -> Path:
+    return cache_dir() / f"{host.key}.refits.json"
+
+
+def _refits(host: Host) -> dict[str, dict[str, float]]:
+    """The re-fit factors of this host's runs by shape; none when unreadable (warned)."""
+    path = refits_path(host)
+    if not path.exists():
+        return {}
+    try:
+        got = json.loads(path.read_text(encoding="utf-8"))
+        return {str(k): {str(f): float(x) for f, x in v.items()} for k, v in got.items()}
+    except (OSError, ValueError, AttributeError) as error:
+        log.warning("--machine auto: re-fits %s are unusable (%s); planning without them",
+                    path, error)  # fmt: skip
+        return {}
+
+
+def _write_refits(host: Host, refits: Mapping[str, Mapping[str, float]]) -> Path | None:
+    path = refits_path(host)
+    try:
+        write_atomic(path, json.dumps(refits, indent=1, sort_keys=True) + "\n")
+    except OSError as error:
+        log.warning("--machine auto: cannot write re-fits at %s (%s)", path, error)
         return None
-    fitted = refit_machine(machine, factors)
-    return store(host, fitted, "# re-fit to the lanes of a `slide train` run\n")
+    return path
+
+
+def refit_cache(device: Any, factors: Mapping[str, float], shape: str) -> Path | None:
+    """Keep a run's re-fit factors (`slide_ir.planning.refit`: measured / predicted per lane,
+    or per dispatch floor) for this host's later runs of `shape`, which plan with them from
+    their first step; the measured profile itself stays as the probes left it."""
+    host = host_probes.this_host(device)
+    if cached(host) is None or not factors:
+        return None
+    return _write_refits(host, _refits(host) | {shape: dict(factors)})
 
 
 def store(host: Host, machine: Machine, header: str = "") -> Path | None:

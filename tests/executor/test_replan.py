@@ -148,7 +148,9 @@ def test_the_session_writes_the_refit_into_the_host_profile(monkeypatch):
     monkeypatch.setattr(refit, "lane_factors", lambda measured, predicted: {"cpu": 1.5})
     _as_rate_bound(monkeypatch)
     written = []
-    monkeypatch.setattr(session, "refit_cache", lambda device, factors: written.append(factors))
+    monkeypatch.setattr(
+        session, "refit_cache", lambda device, factors, shape: written.append(factors)
+    )
     kwargs = {"replan_request": REQUEST, "refit_profile": True}
     result = run_executor(False, placement="fast", train_kwargs=kwargs)
     assert written == [result.meta["replan"]["factors"]] and written[0]["cpu"] == 1.5

@@ -197,21 +197,36 @@ def test_probes_over_their_budget_are_warned_about(caplog):
     assert got == {"a": 1, "b": 2} and "over their 0 s budget" in caplog.text
 
 
-def test_a_runs_refit_rates_are_written_back_to_the_cache(probes):
-    """A run that re-fit its profile (cpu lane measured 2x slow) leaves the cache re-fit: the
-    next run plans with it, without measuring again."""
+def test_a_runs_refit_is_kept_for_later_runs_of_its_shape(probes):
+    """A run that re-fit its profile (cpu lane measured 2x slow) leaves its factors beside the
+    cache: the next run of that shape plans with them, without measuring again; a run of another
+    shape, and the profile file itself, keep the probes' figures."""
+    shape, other = auto_machine.refit_key("m", 4, 128), auto_machine.refit_key("m", 16, 1024)
     first = auto_machine.auto_machine(CUDA)
-    assert auto_machine.refit_cache(CUDA, {"cpu": 2.0}) == auto_machine.cache_path(HOST)
-    again = auto_machine.auto_machine(CUDA)
+    profile = auto_machine.cache_path(HOST).read_text()
+    assert auto_machine.refit_cache(CUDA, {"cpu": 2.0}, shape) == auto_machine.refits_path(HOST)
+    again = auto_machine.auto_machine(CUDA, shape=shape)
     assert again.cpu.adam_elems_per_s_per_core == first.cpu.adam_elems_per_s_per_core / 2
     assert again.gpu == first.gpu and again.link == first.link
-    assert probes.calls == 3  # measured once
     assert "re-fit" in again.source("cpu.adam_elems_per_s_per_core")
-    auto_machine.refit_cache(CUDA, {"layer_fwd_floor_s": 1.5})  # a floor-bound run's re-fit
-    floored = auto_machine.auto_machine(CUDA)
+    assert auto_machine.auto_machine(CUDA, shape=other).cpu == first.cpu
+    assert auto_machine.auto_machine(CUDA).cpu == first.cpu
+    assert auto_machine.cache_path(HOST).read_text() == profile
+    assert probes.calls == 3  # measured once
+    auto_machine.refit_cache(CUDA, {"layer_fwd_floor_s": 1.5}, other)  # a floor-bound run's
+    floored = auto_machine.auto_machine(CUDA, shape=other)
     assert floored.gpu.layer_fwd_floor_s == pytest.approx(1.5 * first.gpu.layer_fwd_floor_s)
     assert floored.gpu.layer_bwd_floor_s == first.gpu.layer_bwd_floor_s
     assert floored.gpu.bf16_matmul_tflops == first.gpu.bf16_matmul_tflops
+    assert auto_machine.auto_machine(CUDA, shape=shape).cpu == again.cpu  # both kept
+
+
+def test_unreadable_refits_are_warned_about_and_ignored(probes, caplog):
+    first = auto_machine.auto_machine(CUDA)
+    auto_machine.refits_path(HOST).write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="slide.calibration.auto_machine"):
+        machine = auto_machine.auto_machine(CUDA, shape=auto_machine.refit_key("m", 1, 8))
+    assert machine.cpu == first.cpu and "re-fits" in caplog.text and "unusable" in caplog.text
 
 
 def test_plan_and_simulate_take_auto_as_train_does(probes, monkeypatch, capsys):

@@ -19,7 +19,7 @@ def test_a_miss_names_its_size_and_the_refit():
     )
     assert "gpu rates / 1.120" in line and "layer_fwd_floor_s floor x 1.300" in line
     assert "cpu" not in line.split(";")[1]  # a factor within 0.5% moved nothing
-    assert "written to this host's profile" in line
+    assert "kept for this host's next runs of this shape" in line
     kept = prediction_warning(summary, refits_profile=False)
     assert "for this run (--machine auto keeps it for the next)" in kept
 
