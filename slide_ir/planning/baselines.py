@@ -11,11 +11,19 @@
   download per parameter and micro-batch; the link bytes are the same).
 - `gpu-only`: weights, grads, master and moments all on the GPU; a GPU AdamW after the backward.
   When it fits, it is the no-offload reference (the compute-only peak).
+
+Both update after the whole backward already, so global clipping (`deferral`) costs them only
+its norms: each unit's `GRAD_NORM` where its gradient is (the GPU for gpu-only, the landed FP32
+gradient on the host for zero-offload, as DeepSpeed takes the norm before its CPU step), then
+`NORM`, then the updates as before, reading the scale.
 """
 
 from __future__ import annotations
 
+import functools
+
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
+from slide_ir.planning.deferral import DeferredUpdates
 from slide_ir.planning.ledger import FP32
 from slide_ir.planning.schedules import (
     Ctx,
@@ -115,8 +123,11 @@ def emit_zero_offload(ctx: Ctx) -> None:
                 accumulated = _accumulate(ctx, step, micro, landed)
         io = OptimizerIo(ctx, step)
         all_down = landed[units[-1]]  # DeepSpeed's norm reads (.item()) wait for every copy
-        for u in units:
-            io.update(units, u, deps=[all_down], grads=_landed(ctx, u))
+        if c.deferred_updates:
+            _clipped_host_updates(ctx, step, io, units, all_down)
+        else:
+            for u in units:
+                io.update(units, u, deps=[all_down], grads=_landed(ctx, u))
         for u in units:  # DeepSpeed casts the whole FP32 partition into the pinned BF16 buffer
             p = unit_elements(model, u)
             master = [ctx.home(R.MASTER, u, "master")] if (R.MASTER, u) in ctx.homes else []
@@ -133,11 +144,41 @@ def emit_zero_offload(ctx: Ctx) -> None:
             ctx.weights_ready[u] = op_id
 
 
+def _clipped_host_updates(
+    ctx: Ctx, step: int, io: OptimizerIo, units: list[int], all_down: str
+) -> None:
+    """Each landed gradient's norms (the last micro-batch added into its accumulator on the
+    way), the step's norm, then the host updates reading its scale."""
+    accumulates = ctx.config.grad_accum > 1
+    deferred = DeferredUpdates(ctx, step)
+    for u in units:
+        deferred.grad_norm(u, "cpu", [all_down], _landed(ctx, u), accumulator=accumulates)
+        kept = None if accumulates else _landed(ctx, u)
+        deferred.defer(u, functools.partial(_host_update, io, units, u, kept))
+    deferred.flush()
+
+
+def _host_update(
+    io: OptimizerIo, units: list[int], unit: int, grads: Value | None, deps: list[str],
+    scale: Value | None,
+) -> str:  # fmt: skip
+    return io.update(units, unit, deps=deps, grads=grads, scale=scale)
+
+
 def emit_gpu_only(ctx: Ctx) -> None:
     c = ctx.config
     ctx.persistent_grads = frozenset(_units(ctx))
+    last = c.grad_accum - 1
     for step in range(1, c.steps + 1):
         for micro in range(c.grad_accum):
             _compute(ctx, step, micro)
+        if not c.deferred_updates:
+            for u in _units(ctx):
+                device_update(ctx, step, u)
+            continue
+        deferred = DeferredUpdates(ctx, step)
         for u in _units(ctx):
-            device_update(ctx, step, u)
+            done = ctx.oid(step, last, u, "loss" if u == ctx.n + 1 else "bwd")
+            deferred.grad_norm(u, "gpu", [done], ctx.at(grads(u), ctx.on_gpu(u)))
+            deferred.defer(u, functools.partial(device_update, ctx, step, u))
+        deferred.flush()

@@ -622,6 +622,7 @@ def _zero_offload_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, dr
               static=True, role=R.ACCOUNTING)  # fmt: skip
     _grad_accum_terms(terms, model, config, list(resident_preference(model)))
     _optimizer_terms(terms, model, config, list(resident_preference(model)), drives)
+    _global_clip_terms(terms, model, config)
     _host_terms(terms)
 
 
@@ -642,6 +643,7 @@ def _gpu_only_terms(terms: _Terms, model: ModelSpec, config: TrainConfig, drives
         units=resident_preference(model),
     )
     _handback_terms(terms, config, max(unit_params(model, u) for u in resident_preference(model)))
+    _global_clip_terms(terms, model, config)
     _host_terms(terms)
 
 

@@ -250,14 +250,9 @@ def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
 def _global_clip(config: TrainConfig) -> None:
     """Global clipping defers every update until the norm: a streamed unit's GPU AdamW needs
     its gradient and state on the GPU at once, which deferral cannot keep for every streamed
-    unit; the baselines update after the backward and keep their own recipes."""
+    unit (the baselines update after the backward anyway)."""
     if config.clip != Clip.GLOBAL:
         return
-    if config.schedule != Schedule.SLIDING:
-        raise ValueError(
-            f"clip 'global' runs on the sliding schedule, got schedule '{config.schedule}'; "
-            "use clip 'per-unit' or 'none' there"
-        )
     if isinstance(config.streamed, int) and config.streamed > 0:
         raise ValueError(
             f"clip 'global' cannot stream units (streamed={config.streamed}): their GPU AdamW "

@@ -31,6 +31,10 @@ CASES = {
     "tied-accum-resident-mix": (True, 0, {"resident": 3, "grad_accum": 2}),
     "nvme-state": (False, 1, {"optimizer": "nvme"}),
     "all-resident-kept-tapes": (True, 0, {"placement": "fast", "activations": "gpu"}),
+    "gpu-only": (True, 0, {"schedule": "gpu-only"}),
+    "gpu-only-accum": (False, 0, {"schedule": "gpu-only", "grad_accum": 2}),
+    "zero-offload": (True, 0, {"schedule": "zero-offload"}),
+    "zero-offload-accum": (False, 0, {"schedule": "zero-offload", "grad_accum": 2}),
 }
 
 

@@ -73,7 +73,6 @@ def test_the_wait_is_priced() -> None:
     ("extra", "message"),
     [
         ({"streamed": 2}, "cannot stream units"),
-        ({"schedule": "zero-offload"}, "runs on the sliding schedule"),
     ],
 )
 def test_refused(extra: dict, message: str) -> None:
