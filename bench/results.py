@@ -51,12 +51,20 @@ class TableRow:
 
 
 README_ROWS = (
-    TableRow("llama-3.2-3b, batch 16, the defaults",
+    TableRow("llama-3.2-3b, batch 16, the defaults before global clipping (no clipping)",
              r"--no-progress --model llama-3\.2-3b --batch 16 --seq 1024$"),
+    TableRow("llama-3.2-3b, batch 16, the defaults (`--clip global`)",
+             r"--model llama-3\.2-3b --batch 16 --seq 1024 --steps 10 --no-progress --clip global$"),
+    TableRow("llama-3.2-3b, batch 16, `--clip none` in the same lease",
+             r"--model llama-3\.2-3b --batch 16 --seq 1024 --steps 10 --no-progress --clip none$"),
     TableRow("llama-3.2-3b, batch 16, pure sliding (`--placement small`)",
              r"--no-progress --model llama-3\.2-3b --batch 16 --seq 1024 --placement small$"),
-    TableRow("llama-3.1-8b, batch 16, the defaults",
+    TableRow("llama-3.1-8b, batch 16, the defaults before global clipping (no clipping)",
              r"--no-progress --model llama-3\.1-8b --batch 16 --seq 1024$"),
+    TableRow("llama-3.1-8b, batch 16, the defaults (`--clip global`)",
+             r"--model llama-3\.1-8b --batch 16 --seq 1024 --steps 10 --no-progress --clip global$"),
+    TableRow("llama-3.1-8b, batch 16, `--clip none` in the same lease",
+             r"--model llama-3\.1-8b --batch 16 --seq 1024 --steps 10 --no-progress --clip none$"),
     TableRow("qwen2.5-0.5b, batch 32, seq 2048", r"--model qwen2\.5-0\.5b --batch 32 --seq 2048 .*auto"),
     TableRow("qwen2.5-7b, batch 2, seq 8192", r"--model qwen2\.5-7b --batch 2 --seq 8192 .*auto"),
     TableRow("qwen3-14b, batch 4, seq 4096", r"--model qwen3-14b --batch 4 --seq 4096 .*auto"),

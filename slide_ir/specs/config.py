@@ -256,5 +256,6 @@ def _global_clip(config: TrainConfig) -> None:
     if isinstance(config.streamed, int) and config.streamed > 0:
         raise ValueError(
             f"clip 'global' cannot stream units (streamed={config.streamed}): their GPU AdamW "
-            "would hold a cache unit per streamed unit until the norm; use streamed=0 or 'auto'"
+            "would hold a cache unit per streamed unit until the norm; use streamed=0 or 'auto', or "
+            "clip 'per-unit'"
         )
