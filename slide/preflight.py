@@ -150,8 +150,8 @@ def check_train(args: argparse.Namespace, run: TrainRun) -> None:
         )
     if "clip_norm" in args.given and args.clip == "none":
         raise UserError(
-            f"--clip-norm {args.clip_norm} does nothing without a clip mode: add --clip "
-            "per-unit, or drop --clip-norm"
+            f"--clip-norm {args.clip_norm} does nothing with --clip none: use --clip global "
+            "or per-unit, or drop --clip-norm"
         )
     eval_options(args)
     to_run = args.steps - (run.resumed[1] if run.resumed else 0)

@@ -198,7 +198,8 @@ def _prepare(req: TrainRequest, phases: Phases, nproc: int) -> _Ready:
         spec = saved.model if saved else load_model(req.model)
     host_adam.prebuild()  # a fresh host compiles it (7 s on the H200) beside the GPU probes
     with phases("machine"):
-        shape = refit_key(spec.name, req.config.batch // nproc, req.config.seq)
+        per_gpu = req.config.batch // nproc if nproc >= 1 else req.config.batch  # checked later
+        shape = refit_key(spec.name, per_gpu, req.config.seq)
         machine = saved.machine if saved else resolve_machine(req, device, shape)
     # a saved plan fixes the configuration but for the steps (the request's are the plan's
     # unless --steps said otherwise: `slide.commands.train_inputs`)

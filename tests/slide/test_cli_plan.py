@@ -29,6 +29,8 @@ def test_plan_json_has_the_documented_keys(capsys):
         "16",
         "--seq",
         "1024",
+        "--clip",
+        "none",
         "--json",
     )
     assert code == 0
@@ -75,7 +77,7 @@ def test_plan_human_output_names_terms(capsys):
 
 def test_plan_says_what_the_placement_search_chose_and_the_runner_up(capsys):
     argv = ("plan", "--model", "llama-3.1-8b", "--machine", "h200-16c-128g",
-            "--keep-activations", "auto")  # fmt: skip
+            "--keep-activations", "auto", "--clip", "none")  # fmt: skip
     code, out, _ = run(capsys, *argv)
     assert code == 0
     lines = out.splitlines()

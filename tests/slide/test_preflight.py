@@ -33,7 +33,7 @@ def refused(capsys, *argv):
     [
         (["--seq", "4096"], "--seq 4096 exceeds tiny-llama's context of 2048 tokens"),
         (["--warmup-steps", "50"], "--warmup-steps 50 exceeds the run's 3 steps"),
-        (["--clip-norm", "0.5"], "--clip-norm 0.5 does nothing without a clip mode"),
+        (["--clip", "none", "--clip-norm", "0.5"], "--clip-norm 0.5 does nothing with --clip none"),
         (["--trace-steps", "100:200", "--gantt", "{tmp}/g.png"], "within 1:3"),
         (["--trace", "{tmp}/t.json", "--trace-steps", "2:4"], "past this run's 3 steps"),
         (["--gantt", "{tmp}/g.txt"], "cannot write a .txt file; end it in one of"),
