@@ -36,7 +36,7 @@ from slide_ir.specs.hardware import (
     load_gpu,
 )
 from slide_ir.specs.hardware_parts import format_grid, freeze_sources, parse_grid
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30

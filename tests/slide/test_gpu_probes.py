@@ -29,7 +29,7 @@ def test_calibrated_profile_loads(tmp_path):
 def test_dispatch_floors_time_the_layer_calls_the_executor_makes():
     """On the CPU the same calls run (fused kernels' torch fallbacks): each floor is a real,
     positive time, named for the op it stands in for."""
-    from slide_ir.specs.model import load_model
+    from slide_ir.specs.model_catalog import load_model
 
     floors = cal.dispatch_floors(load_model("tiny-llama"), device="cpu", repeats=3)
     assert set(floors) == {"fwd", "bwd", "loss"}
