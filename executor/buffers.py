@@ -247,7 +247,7 @@ class _Allocator:
         return max(self.numel(u) for u in pool.units)
 
     def dtype(self, pool: Pool) -> torch.dtype:
-        """The torch dtype of the pool's elements (`graph.Dtype`)."""
+        """The torch dtype of the pool's elements (`vocab.Dtype`)."""
         dtypes = {Dtype.COMPUTE: self.s.dtype, Dtype.FP32: torch.float32,
                   Dtype.MOMENTS: self.s.moments_dtype}  # fmt: skip
         if pool.dtype not in dtypes:
