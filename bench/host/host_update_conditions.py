@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from executor.adam import AdamWConfig, HostScratch, StepHp, update_host
-from executor.buffers import HostMemory
+from executor.host_memory import HostMemory
 from slide.calibration.host_rate_probes import HostUnit, _DmaLoad, host_update_units
 from slide.calibration.probe_common import WholeBuffer
 

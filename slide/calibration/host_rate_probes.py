@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_host
-from executor.buffers import HostMemory, OptState
+from executor.buffers import OptState
+from executor.host_memory import HostMemory
 from slide.calibration.probe_common import (
     MB,
     Figure,
