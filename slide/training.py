@@ -48,7 +48,8 @@ from slide.weights import initial_weights
 from slide_ir.planning.planner import Plan, plan_from_json
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 log = logging.getLogger(__name__)
 TINY_TOKENIZER = Path.home() / ".cache" / "slide" / "tiny-tokenizer"

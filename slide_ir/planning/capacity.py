@@ -18,7 +18,8 @@ from typing import Any
 from slide_ir.planning.placement import plan_fits, smallest_ledger
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
-from slide_ir.specs.model import ModelSpec, load_model, model_names
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model, model_names
 
 log = logging.getLogger(__name__)
 
