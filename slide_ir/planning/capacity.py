@@ -1,4 +1,4 @@
-"""Capacity: the largest model a machine can fine-tune, per placement of activations/optimizer.
+"""Capacity: the largest model a machine can fine-tune, per placement and moment precision.
 
 Fitting is a question for the memory ledger alone (no simulation): a model fits when no tier
 overflows. Two answers per placement:
@@ -109,6 +109,7 @@ def capacity(machine: Machine, config: TrainConfig) -> dict[str, Any]:
     return {
         "activations": config.activations,
         "optimizer": config.optimizer,
+        "moments": config.moments_dtype,
         "largest_model": best.name if best else None,
         "largest_model_params": best.total_params if best else 0,
         # host RAM per parameter of that model at the smallest footprint (what decides the fit)
