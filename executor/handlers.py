@@ -25,7 +25,8 @@ import torch
 from executor import adam, clipping, compute
 from executor.buffers import OptState
 from executor.env import Env, LaneState
-from slide_ir.ir.graph import Graph, Op, OpKind, PoolRole, Value, lane_index
+from slide_ir.ir.graph import Graph, Op, OpKind, PoolRole, Value
+from slide_ir.ir.vocab import lane_index
 
 Handler = Callable[[Env, LaneState, Op], None]
 R = PoolRole

@@ -59,12 +59,14 @@ class TrainResult:
 @dataclass(frozen=True, kw_only=True)
 class Start:
     """The state a run starts from: `step` steps already done (a resume), its LR schedule
-    `total_steps` long."""
+    `total_steps` long, `skipped` the global steps of those that global clipping skipped (the
+    bias correction counts the updates made)."""
 
     weights: Mapping[str, torch.Tensor]
     moments: Mapping[str, torch.Tensor] | None = None
     step: int = 0
     total_steps: int
+    skipped: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +152,7 @@ class Engine:
         host_adam.prebuild()  # overlaps the set-up below (a fresh host compiles it)
         try:
             run = self._build(program, start.weights, start.moments, start.step)
+            run.env.skipped.update(start.skipped)
         except BaseException as exc:
             self._scratch.close()
             _tell_ranks(options.ranks, exc)

@@ -88,7 +88,7 @@ plt.tight_layout()
 plt.show()
 
 # %%
-from slide_ir.specs.model import model_names
+from slide_ir.specs.model_catalog import model_names
 
 catalog = sorted((load_model(n) for n in model_names()), key=lambda s: s.total_params)
 rams = [64, 128, 256, 512, 1024]

@@ -20,7 +20,8 @@ from slide_ir.planning.planner import Plan, plan
 from slide_ir.planning.programs import eval_graph
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine, load_machine
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

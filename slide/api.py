@@ -17,7 +17,8 @@ from slide_ir.planning.planner import Plan
 from slide_ir.planning.planner import plan as _plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine, load_machine
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 
 def _inputs(model: str | ModelSpec, machine: str | Machine) -> tuple[ModelSpec, Machine]:

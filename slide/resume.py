@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ class Resumed:
     total_steps: int  # the LR schedule's horizon this run continues
     weights: Mapping[str, torch.Tensor]  # read lazily, one tensor at a time
     moments: Mapping[str, torch.Tensor]
+    skipped_steps: tuple[int, ...] = ()  # global steps global clipping skipped (no update made)
 
 
 # config fields a resume takes from the checkpoint, by their flag's argparse destination (the
@@ -88,14 +89,17 @@ def state_json(
     shuffle: bool,
     packing: str,
     eval_fraction: float | None = None,
+    skipped_steps: Sequence[int] = (),
 ) -> str:
     """`model_source` is what --model named (a catalog name or a directory); paths are stored
-    absolute, so a resume from another directory finds them."""
+    absolute, so a resume from another directory finds them. `skipped_steps`: the steps up to
+    `steps_done` that global clipping skipped, which Adam's bias correction leaves out."""
     recorded = {k: v for k, v in asdict(optim).items() if k != "total_steps"}
     model_dir = Path(model_source).is_dir()
     state = {
         "version": STATE_VERSION,
         "steps_done": steps_done,
+        "skipped_steps": sorted(skipped_steps),
         "total_steps": optim.total_steps,
         "model": spec.to_hf_config(),
         "config": asdict(config),
@@ -169,6 +173,7 @@ def read_checkpoint(
         total_steps=steps if extend_schedule else horizon,
         weights=weights,
         moments=moments,
+        skipped_steps=tuple(state.get("skipped_steps", [])),  # an older state's: none recorded
     )
 
 
@@ -185,6 +190,11 @@ def _read_state(file: Path) -> dict[str, Any]:
         bad = [f"config.{k}" for k in SHAPE_FIELDS]
     if not bad and state["steps_done"] < 0:
         bad = ["steps_done"]
+    skipped = state.get("skipped_steps", []) if not bad else []
+    if not isinstance(skipped, list) or not all(
+        type(s) is int and 1 <= s <= state["steps_done"] for s in skipped
+    ):
+        bad = ["skipped_steps"]
     if bad:
         raise CheckpointError(
             f"{file} lacks a valid {', '.join(bad)}: not a {STATE_FILE} written by slide train"

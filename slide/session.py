@@ -59,6 +59,7 @@ def train(
     on_step: OnStep | None = None,
     initial_optim_state: Mapping[str, torch.Tensor] | None = None,
     start_step: int = 0,
+    skipped_steps: Iterable[int] = (),
     nvme_dir: str | Path | Iterable[str | Path] | None = None,
     planned: Plan | None = None,
     save_every: int = 0,
@@ -87,7 +88,9 @@ def train(
     (`MOVE_COST_PER_SETUP` times this run's set-up). `refit_profile`: the re-fit rates are
     written back into this host's cached `--machine auto` profile, for the next run to plan
     with from its first step. `evaluate`: the eval loss every N steps and after the last, on
-    eval passes planned beside the training ones (one process only)."""
+    eval passes planned beside the training ones (one process only). `skipped_steps`: the
+    global steps up to `start_step` that global clipping skipped (a resume's, from its
+    checkpoint): Adam's bias correction counts only the updates made."""
     if ranks is not None and (replan_request is not None or evaluate is not None):
         raise ValueError("re-planning and evals are for one process: data-parallel ranks "
                          "run neither")  # fmt: skip
@@ -120,6 +123,7 @@ def train(
         moments=initial_optim_state,
         step=start_step,
         total_steps=optim.total_steps or (start_step + config.steps),
+        skipped=frozenset(skipped_steps),
     )
     hooks = Hooks(on_step=on_step, on_save=on_save, save_every=save_every, on_finish=on_finish,
                   evaluate=evaluate)  # fmt: skip

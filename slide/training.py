@@ -48,7 +48,8 @@ from slide.weights import initial_weights
 from slide_ir.planning.planner import Plan, plan_from_json
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 log = logging.getLogger(__name__)
 TINY_TOKENIZER = Path.home() / ".cache" / "slide" / "tiny-tokenizer"
@@ -261,11 +262,18 @@ def _fine_tune(
     eval_set: EvalSet | None = None,
 ) -> dict[str, Any]:
     start = resumed.steps_done if resumed else 0
-    ckpt = _checkpointer(req, planned.model, optim, run_dir) if run_dir else None
+    # the global steps global clipping skipped, in order: a background save reads it meanwhile
+    skipped = list(resumed.skipped_steps if resumed else ())
+    ckpt = _checkpointer(req, planned.model, optim, run_dir, skipped) if run_dir else None
     reporter = Reporter(req, total=req.config.steps, start=start, phases=phases)
     evaluate = _evaluate(req, eval_set, reporter) if eval_set else None
     stop = _CtrlC()
     result = None
+
+    def on_step(step: int, loss: float, lr: float, metrics: dict[str, Any]) -> bool:
+        if metrics.get("skipped"):  # before the step's save: its checkpoint records it
+            skipped.append(step)
+        return stop.after_step(reporter, step, loss, lr, metrics)
 
     def final_save(step: int, read_state: ReadState) -> None:
         """After the last step, the engine still up: the state is read from its homes (RAM,
@@ -288,9 +296,10 @@ def _fine_tune(
                 optim=optim,
                 device=torch.device(req.device) if req.device else None,
                 dtype=_dtype(req.dtype),
-                on_step=lambda *a: stop.after_step(reporter, *a),
+                on_step=on_step,
                 initial_optim_state=resumed.moments if resumed else None,
                 start_step=start,
+                skipped_steps=skipped,
                 nvme_dir=[Path(d) for d in req.nvme_dirs] or None,
                 save_every=req.save_every,
                 on_save=ckpt.save if ckpt else None,
@@ -339,13 +348,16 @@ def _evaluate(req: TrainRequest, eval_set: EvalSet, reporter: Reporter) -> Eval:
 
 
 def _checkpointer(
-    req: TrainRequest, spec: ModelSpec, optim: AdamWConfig, run_dir: RunDir
+    req: TrainRequest, spec: ModelSpec, optim: AdamWConfig, run_dir: RunDir, skipped: list[int]
 ) -> Checkpointer:
+    """`skipped`: the global steps global clipping has skipped so far (on_step adds them)."""
+
     def state_text(step: int) -> str:
         return state_json(spec=spec, config=req.config, optim=optim, steps_done=step,
                           seed=req.seed, data=req.data, model_source=req.model,
                           tokenizer=req.tokenizer, shuffle=req.shuffle,
-                          packing=req.packing, eval_fraction=req.eval_fraction)  # fmt: skip
+                          packing=req.packing, eval_fraction=req.eval_fraction,
+                          skipped_steps=[s for s in skipped if s <= step])  # fmt: skip
 
     return Checkpointer(run_dir, StateWriter(spec, state_text, _companions(req)))
 

@@ -8,7 +8,8 @@ from slide_ir.planning.ledger import Ledger, build_ledger
 from slide_ir.planning.planner import Plan, plan, plan_from_json, plan_to_json
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine, load_machine, machine_names
-from slide_ir.specs.model import ModelSpec, load_model, model_names
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model, model_names
 
 __all__ = [
     "Graph",

@@ -41,7 +41,7 @@ LAYERS=${LAYERS:-90}
 python3 - "$LAYERS" <<'PY'
 import json, sys
 from pathlib import Path
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 cfg = load_model("llama-3.1-8b").to_hf_config()
 cfg["num_hidden_layers"] = int(sys.argv[1])
 Path("/tmp/big").mkdir(exist_ok=True)

@@ -19,8 +19,9 @@ from collections.abc import Callable
 import torch
 
 from executor.adam import AdamWConfig, HostScratch, StepHp, update_host
-from executor.buffers import HostMemory
-from slide.calibration.gpu_probes import HostUnit, _DmaLoad, _WholeBuffer, host_update_units
+from executor.host_memory import HostMemory
+from slide.calibration.host_rate_probes import HostUnit, _DmaLoad, host_update_units
+from slide.calibration.probe_common import WholeBuffer
 
 LAYER = 100_663_296  # one llama-3.2-3b decoder layer
 THREADS = 12
@@ -39,7 +40,7 @@ def rate(
 
     def body() -> None:
         torch.set_num_threads(THREADS)
-        scratch, layout = HostScratch(bf16_moments=False), _WholeBuffer(n)
+        scratch, layout = HostScratch(bf16_moments=False), WholeBuffer(n)
         for p in range(3):
             for grad, parts, out in units:
                 t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from slide.commands.capacity import slideformer_bytes_per_param
 from slide_ir.planning.placement import smallest_ledger
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 MODES = [(o, m) for o in ("cpu", "nvme-moments", "nvme") for m in ("fp32", "bf16")]
 NOT_PER_PARAM = ("saved layer inputs (pinned)", "process runtime (python, torch)")

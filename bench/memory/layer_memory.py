@@ -13,7 +13,7 @@ import torch
 
 from executor import layers
 from executor.layout import layer_layout
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 CASES = (("llama-3.2-3b", 16), ("llama-3.2-3b", 48), ("llama-3.1-8b", 16), ("qwen3-8b", 16))
 SEQ = 1024

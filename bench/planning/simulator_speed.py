@@ -25,7 +25,7 @@ from slide_ir.planning.cost import CostModel
 from slide_ir.planning.planner import plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 MACHINE = "paper-server-a100"
 RAM_GB = 2048  # mistral-large-2's optimizer state needs ~1.7 TB of RAM: make the plan fit

@@ -34,7 +34,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 import kernels
 from bench.speed.train_throughput import RssPeak, random_batches
 from kernels import reference
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 log = logging.getLogger("bench")
 

@@ -3,8 +3,8 @@
     python -m bench.speed.host_curves [--machine h200-16c-128g] [--nvme-dir /mnt/nvme/tmp]
                                       [--link-mb 1024] [--out curves.jsonl]
 
-Three curves, each through the calibration's own probes (`slide.calibration.gpu_probes`) at
-wider grids than `slide calibrate` takes: pinned copies each way from 4 KiB to `--link-mb`
+Three curves, each through the calibration's own probes (`slide.calibration.host_rate_probes`)
+at wider grids than `slide calibrate` takes: pinned copies each way from 4 KiB to `--link-mb`
 (CUDA events); the executor's host AdamW from a lane thread at unit sizes 64K-16M elements and
 the probe's 64M, at 1, half and all of the update threads; with `--nvme-dir`, one request at a
 time through the executor's own drive store (kvikio or O_DIRECT) from 4 KiB to 128 MiB.
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from slide.calibration import gpu_probes as cal
+from slide.calibration import host_rate_probes as cal
 from slide.calibration.host_probes import usable_cores
 from slide_ir.planning.host_rates import SizeCurve
 from slide_ir.specs.hardware import load_machine

@@ -19,7 +19,7 @@ from slide_ir.planning.planner import plan
 from slide_ir.planning.timeline import predict_step_s
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 DATA = Path(__file__).parents[1] / "data" / "shape-grid"
 # the profile each group ran with: call 2's (grid-a, after the cold run's re-fit), call 3's

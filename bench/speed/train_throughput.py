@@ -34,7 +34,8 @@ from slide_ir.ir.trace import trace_metrics
 from slide_ir.planning.planner import plan, plan_to_json
 from slide_ir.specs.config import TrainConfig, parse_count_or_auto
 from slide_ir.specs.hardware import load_machine
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 log = logging.getLogger("bench")
 

@@ -6,8 +6,9 @@ most ~20 s together there (see `AUTO`). Both build the same `Machine` with `prof
 sourced `measured: <GPU>, <date>, <how>`, and both describe the host with `Host`, whose `key`
 names its entry in the profile cache (`slide.calibration.auto_machine`).
 
-The probes themselves are `slide.calibration.gpu_probes`'s; the table below only picks their sizes, so a
-test can monkeypatch those functions and run everything else here without a GPU.
+The probes themselves are `slide.calibration.gpu_probes`' and `host_rate_probes`'; the table
+below only picks their sizes, so a test can monkeypatch those functions and run everything else
+here without a GPU.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from slide_ir.specs.hardware import (
     load_gpu,
 )
 from slide_ir.specs.hardware_parts import format_grid, freeze_sources, parse_grid
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
@@ -75,7 +76,7 @@ def this_host(device: Any) -> Host:
     """The host `device` (a CUDA torch.device) sits in."""
     import torch
 
-    from slide.calibration.gpu_probes import host_ram_bytes
+    from slide.calibration.host_rate_probes import host_ram_bytes
 
     return Host(
         gpu=torch.cuda.get_device_name(device),
@@ -134,8 +135,9 @@ CALIBRATE = ProbeSizes(
 # mostly first-touching the 4 GiB each of its three runs (all threads, half, under DMA) allocates:
 # 6 s a run on a 2-core CPU-only box, ~1.5-2 s expected with the H200 host's 12 threads, so ~6 s
 # for the three; the cast, 32M elements: ~0.1 s. The host curves' grids add ~0.5 s: the update
-# at 1M and 8M elements at both thread counts (`gpu_probes.adam_grid`), and copies of 64 KiB to
-# 16 MiB each way on the link probe's buffers (~10 ms). `run_probes` warns when the total overruns.
+# at 1M and 8M elements at both thread counts (`host_rate_probes.adam_grid`), and copies of
+# 64 KiB to 16 MiB each way on the link probe's buffers (~10 ms). `run_probes` warns when the
+# total overruns.
 AUTO_BUDGET_S = 20.0
 # The dispatch floors (`gpu_probes.dispatch_floors`) are timed on the smallest catalog model,
 # whose layer at 16 tokens is microseconds of GPU work: what is left is the host's issuing.
@@ -151,34 +153,35 @@ def probe_table(
     sizes: ProbeSizes, host: Host, nvme_dir: Path | None = None
 ) -> dict[str, Callable[[], Any]]:
     """The probes in the order they run, each a call that returns a Figure (or a dict of them)."""
-    from slide.calibration import gpu_probes as cal
+    from slide.calibration import gpu_probes as gpu
+    from slide.calibration import host_rate_probes as host_rates
     from slide.calibration import shape_probes as shapes
     from slide.session import default_optimizer_threads
 
     model = load_model(sizes.model)
     threads = default_optimizer_threads()  # the executor's optimizer threads on a CUDA host
-    unit = cal.host_update_unit(model.layer_params)
+    unit = host_rates.host_update_unit(model.layer_params)
     unit = unit if sizes.adam_elements is None else min(unit, sizes.adam_elements)
     s = sizes
     probes: dict[str, Callable[[], Any]] = {
-        "matmul": lambda: cal.matmul_rate(model, s.matmul_tokens),
+        "matmul": lambda: gpu.matmul_rate(model, s.matmul_tokens),
         "gemm_grid": lambda: shapes.gemm_grid_rates(),
         "attention_grid": lambda: shapes.attention_grid_rates(),
-        "attention": lambda: cal.attention_rate(model, s.attention_batch, s.attention_seq),
-        "hbm": lambda: cal.hbm_rate(s.hbm_mb),
-        "lce": lambda: cal.lce_rate(model, s.lce_tokens),
-        "elementwise": lambda: cal.elementwise_rate(model, s.elementwise_tokens),
-        "gpu_adam": lambda: cal.gpu_adam_rate(s.gpu_adam_elements),
-        "floors": lambda: cal.dispatch_floors(load_model(FLOOR_MODEL)),
-        "link": lambda: cal.link_rates(s.link_mb),
-        "adam_all": lambda: cal.adam_rate(threads, unit),
-        "adam_half": lambda: cal.adam_rate(max(1, threads // 2), unit),
-        "adam_grid": lambda: cal.adam_grid(sorted({threads, max(1, threads // 2)})),
-        "adam_under_dma": lambda: cal.adam_rate(threads, unit, under_dma=True),
-        "cast": lambda: cal.cast_rate(host.cores, s.cast_elements),
+        "attention": lambda: gpu.attention_rate(model, s.attention_batch, s.attention_seq),
+        "hbm": lambda: gpu.hbm_rate(s.hbm_mb),
+        "lce": lambda: gpu.lce_rate(model, s.lce_tokens),
+        "elementwise": lambda: gpu.elementwise_rate(model, s.elementwise_tokens),
+        "gpu_adam": lambda: gpu.gpu_adam_rate(s.gpu_adam_elements),
+        "floors": lambda: gpu.dispatch_floors(load_model(FLOOR_MODEL)),
+        "link": lambda: host_rates.link_rates(s.link_mb),
+        "adam_all": lambda: host_rates.adam_rate(threads, unit),
+        "adam_half": lambda: host_rates.adam_rate(max(1, threads // 2), unit),
+        "adam_grid": lambda: host_rates.adam_grid(sorted({threads, max(1, threads // 2)})),
+        "adam_under_dma": lambda: host_rates.adam_rate(threads, unit, under_dma=True),
+        "cast": lambda: host_rates.cast_rate(host.cores, s.cast_elements),
     }
     if nvme_dir is not None:
-        probes["nvme"] = lambda: cal.nvme_rates(nvme_dir)
+        probes["nvme"] = lambda: host_rates.nvme_rates(nvme_dir)
     return probes
 
 

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from slide.calibration.gpu_probes import (
-    GridFigure,
-    attention_flops,
-    attention_seconds,
-    cuda_median,
-)
+from slide.calibration.gpu_probes import attention_flops, attention_seconds
+from slide.calibration.probe_common import GridFigure, cuda_median
 from slide_ir.ir.graph import Gemm
 from slide_ir.planning.gpu_rates import ATTENTION_GRID, attention_dims, gemm_grid
 from slide_ir.specs.hardware_parts import format_grid

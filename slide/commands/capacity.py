@@ -1,5 +1,6 @@
-"""`slide capacity`: the largest model a machine can fine-tune, per placement of the optimizer
-state and activations (CPU RAM or NVMe). Fitting is decided by the memory ledger alone."""
+"""`slide capacity`: the largest model a machine can fine-tune, per mode: the placement of the
+optimizer state and activations (CPU RAM or NVMe) and the Adam moments' precision. Fitting is
+decided by the memory ledger alone, beside SlideFormer's bytes-per-parameter rule for the mode."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 from slide import json_out
 from slide.commands.common import DEFAULT_MACHINE, add_machine_overrides, drive_count
 from slide_ir.planning.capacity import capacity, placements
-from slide_ir.specs.config import ACTIVATION_PLACES, OPTIMIZER_PLACES, TrainConfig
+from slide_ir.specs.config import ACTIVATION_PLACES, MOMENT_DTYPES, OPTIMIZER_PLACES, TrainConfig
 from slide_ir.specs.hardware import load_machine
+from slide_ir.specs.hardware_parts import Machine
 
 NAME = "capacity"
 HELP = "largest model (catalog, and along each family's depth scaling) that fits a machine"
@@ -35,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=OPTIMIZER_PLACES,
         help="only this optimizer placement [every useful one]",
     )
+    parser.add_argument(
+        "--moments",
+        choices=MOMENT_DTYPES,
+        help="only this Adam moment precision [both, as separate modes]",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -47,12 +54,16 @@ def run(args: argparse.Namespace) -> int:
     ]
     if not wanted:
         wanted = [(args.activations or "cpu", args.optimizer or "cpu")]
-    results = [
-        capacity(machine, TrainConfig(batch=args.batch, seq=args.seq, activations=a, optimizer=o))
+    moments = [args.moments] if args.moments else list(MOMENT_DTYPES)
+    configs = [
+        TrainConfig(batch=args.batch, seq=args.seq, activations=a, optimizer=o, moments_dtype=m)
         for a, o in wanted
+        for m in moments
     ]
-    out = {"machine": machine.name, "ram_bytes": machine.ram_bytes, "batch": args.batch,
-           "seq": args.seq, "placements": results}  # fmt: skip
+    results = [mode_capacity(machine, config) for config in configs]
+    out = {"machine": machine.name, "ram_bytes": machine.ram_bytes,
+           "nvme_bytes": nvme_bytes(machine), "batch": args.batch, "seq": args.seq,
+           "placements": results}  # fmt: skip
     if args.json:
         print(json_out.dumps(out, indent=2))
     else:
@@ -60,32 +71,50 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# SlideFormer's host rule: FP32 master + Adam moments in RAM, 12 bytes per parameter
-SLIDEFORMER_HOST_BYTES_PER_PARAM = 12
+def mode_capacity(machine: Machine, config: TrainConfig) -> dict[str, Any]:
+    """`capacity` of one mode with SlideFormer's rule for it beside the ledger's answer."""
+    result = capacity(machine, config)
+    host, drive = slideformer_rule(config.optimizer, config.moments_dtype)
+    rule_params = [cap / b for cap, b in ((machine.ram_bytes, host), (nvme_bytes(machine), drive))
+                   if b]  # fmt: skip
+    result["slideformer_host_bytes_per_param"] = host
+    result["slideformer_nvme_bytes_per_param"] = drive
+    result["slideformer_params"] = round(min(rule_params))
+    return result
+
+
+def nvme_bytes(machine: Machine) -> int:
+    return sum(d.capacity_bytes for d in machine.nvme)
+
+
+# Where each rule comes from. SlideFormer (Yang & Wen, DAC'26, arXiv 2603.16428) keeps the FP32
+# master and both FP32 Adam moments in host RAM, 12 B/param, casting each layer's BF16 weights on
+# the fly (no BF16 copy kept), and its NVMe tier takes that same state off the host. The paper has
+# no BF16-moment mode: for one we keep its accounting with 2-byte moments (4 + 2 + 2 = 8 B/param).
+# Moments on NVMe leave the 4-byte master in RAM; optimizer on NVMe leaves none of the state there.
+def slideformer_rule(optimizer: str, moments: str = "fp32") -> tuple[int, int]:
+    """SlideFormer's (host RAM, NVMe) bytes per parameter for an optimizer placement."""
+    moment_bytes = 8 if moments == "fp32" else 4
+    return {"cpu": (4 + moment_bytes, 0), "nvme-moments": (4, moment_bytes),
+            "nvme": (0, 4 + moment_bytes)}[optimizer]  # fmt: skip
 
 
 def slideformer_bytes_per_param(optimizer: str, moments: str = "fp32") -> int:
-    """SlideFormer's rule for an optimizer placement: the FP32 master and Adam moments left in
-    host RAM (it casts each layer's BF16 weights on the fly and keeps no copy of them)."""
-    moment_bytes = 8 if moments == "fp32" else 4
-    return {"cpu": 4 + moment_bytes, "nvme-moments": 4, "nvme": 0}[optimizer]
+    """SlideFormer's rule for the host RAM alone (what `bench/memory/host_bytes.py` compares)."""
+    return slideformer_rule(optimizer, moments)[0]
 
 
 def render(out: dict[str, Any]) -> str:
-    ram = out["ram_bytes"]
-    rule = ram / SLIDEFORMER_HOST_BYTES_PER_PARAM / 1e9
-    lines = [f"{out['machine']}: batch {out['batch']} x seq {out['seq']}; {ram / 2**30:.0f} GiB "
-             f"of RAM: SlideFormer's rule ({SLIDEFORMER_HOST_BYTES_PER_PARAM} B/param in host "
-             f"RAM) gives {rule:.1f} B params"]  # fmt: skip
+    drives = f", {out['nvme_bytes'] / 1e9:.0f} GB of NVMe" if out["nvme_bytes"] else ""
+    lines = [f"{out['machine']}: batch {out['batch']} x seq {out['seq']}; "
+             f"{out['ram_bytes'] / 2**30:.0f} GiB of RAM{drives}"]  # fmt: skip
     for r in out["placements"]:
         best = r["largest_model"] or "none"
         per_param = r["host_bytes_per_param"]
-        rule = slideformer_bytes_per_param(r["optimizer"])
         host = f"; host RAM {per_param:.1f} B/param" if per_param is not None else ""
-        host += f" (SlideFormer's rule: {rule} B/param)"
         lines.append(
-            f"\nactivations on {r['activations']}, optimizer on {r['optimizer']}: "
-            f"largest catalog model {best} ({r['largest_model_params'] / 1e9:.1f} B){host}"
+            f"\n{mode_name(r)}: largest catalog model {best} "
+            f"({r['largest_model_params'] / 1e9:.1f} B){host} ({rule_text(r)})"
         )
         for name, f in r["families"].items():
             member = f["largest_member"] or "none"
@@ -95,3 +124,16 @@ def render(out: dict[str, Any]) -> str:
                 f"{f['scaled_params'] / 1e9:.1f} B params"
             )
     return "\n".join(lines)
+
+
+def mode_name(r: dict[str, Any]) -> str:
+    """`activations on cpu, optimizer on cpu, FP32 moments`."""
+    return (f"activations on {r['activations']}, optimizer on {r['optimizer']}, "
+            f"{r['moments'].upper()} moments")  # fmt: skip
+
+
+def rule_text(r: dict[str, Any]) -> str:
+    """`SlideFormer's rule: 12 B/param in host RAM, 0 on NVMe: 22.4 B params`."""
+    return (f"SlideFormer's rule: {r['slideformer_host_bytes_per_param']} B/param in host RAM, "
+            f"{r['slideformer_nvme_bytes_per_param']} on NVMe: "
+            f"{r['slideformer_params'] / 1e9:.1f} B params")  # fmt: skip

@@ -21,7 +21,8 @@ from slide_ir.specs.config import (
     parse_count_or_auto,
 )
 from slide_ir.specs.hardware import Machine, load_machine
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_MACHINE = "paper-pc-4090"

@@ -11,7 +11,7 @@ from slide.commands.common import DEFAULT_MODEL, add_train_config, train_config
 from slide.errors import UserError
 from slide_ir.specs.hardware import load_machine
 from slide_ir.specs.hardware_parts import GIB
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 NAME = "compare"
 HELP = "rank machines by simulated throughput (and throughput per dollar) for one model"

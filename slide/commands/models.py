@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from slide_ir.specs.model import load_model, model_names
+from slide_ir.specs.model_catalog import load_model, model_names
 
 NAME = "models"
 HELP = "list the built-in model catalog"

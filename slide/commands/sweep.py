@@ -29,7 +29,8 @@ from slide.commands.common import (
 )
 from slide_ir.specs.config import SCHEDULES, TrainConfig
 from slide_ir.specs.hardware import Machine, load_machine
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 NAME = "sweep"
 HELP = "simulate a grid of batches / models / NVMe drives / schedules: a table, a plot on request"

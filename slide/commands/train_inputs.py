@@ -24,7 +24,8 @@ from pathlib import Path
 from slide.commands.common import add_machine_overrides, add_train_config
 from slide.errors import UserError
 from slide.preflight import TrainRun
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 log = logging.getLogger(__name__)
 

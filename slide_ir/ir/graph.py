@@ -13,153 +13,32 @@ Invariants (checked by `Graph.__post_init__`, errors name the offending op):
 Memory of a tier at any instant = bytes of its static pools + bytes of the slots held at that
 instant. A slot is held from the start of the op that acquires it to the end of the op that
 releases it.
+
+The op vocabulary and the other enums are `slide_ir.ir.vocab`'s and an op's work is
+`slide_ir.ir.work`'s; this module re-exports the names its callers import from here.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from slide_ir.ir.dataflow import Order, check_dataflow, check_tenancy
+from slide_ir.ir.vocab import Dtype as Dtype
+from slide_ir.ir.vocab import OpKind as OpKind
+from slide_ir.ir.vocab import PoolRole as PoolRole
+from slide_ir.ir.vocab import Role as Role
+from slide_ir.ir.vocab import Tier as Tier
+from slide_ir.ir.vocab import UnitPlacement as UnitPlacement
+from slide_ir.ir.vocab import lane_kind as lane_kind
+from slide_ir.ir.work import Attention as Attention
+from slide_ir.ir.work import Gemm as Gemm
+from slide_ir.ir.work import Work as Work
 
 FORMAT_VERSION = 2  # 2: ops name a `unit` (was `layer`), values, micro-batch; pools a role
-
-
-class OpKind(StrEnum):
-    """The closed op vocabulary. Every engine has a handler for each member.
-
-    Operands (`Op.reads` -> `Op.writes`), in this order; `w`/`g` a unit's weights/gradient:
-    FWD (w, x) -> (x'); the embedding's FWD (w) -> (x', tokens): it takes the micro-batch in;
-    RECOMPUTE (w, x) -> (tape); BWD (w, tape, dx') -> (g, dx), the embedding's (w, tokens, dx')
-    -> (g); LOSS (w, x, tokens[, tied embedding w]) -> (g, dx[, tied embedding g]);
-    EVAL_LOSS (w, x, tokens[, tied embedding w]) -> (): the loss only, for an eval graph;
-    GPU_ADAM (g, state) -> (w, state); OPT_H2D (master, moments) -> (state); OPT_D2H the
-    reverse; GRAD_ACCUM (landed g) -> (accumulator); ADAM reads the landed g, the accumulator
-    and the state (RAM or NVMe staging) and writes the state and the pinned w (a unit whose
-    upload is cast from the master has none), told apart by their pools' roles; every other
-    kind is a copy (src) -> (dst)."""
-
-    FWD = "fwd"  # forward of one layer on the GPU
-    RECOMPUTE = "recompute"  # forward again from the saved layer input, before its backward
-    BWD = "bwd"  # backward of one layer
-    LOSS = "loss"  # head stage: final norm + LM head + cross-entropy, forward and backward
-    EVAL_LOSS = "eval_loss"  # the head stage's forward only: an eval batch's summed token loss
-    H2D_PARAM = "h2d_param"  # upload a layer's BF16 weights into a GPU cache unit
-    D2H_GRAD = "d2h_grad"  # download a layer's gradients into pinned CPU memory
-    ADAM = "adam"  # CPU AdamW update of one layer (FP32 master + moments), BF16 cast fused
-    GPU_ADAM = "gpu_adam"  # fused AdamW on the GPU for a resident or streamed layer
-    OPT_H2D = "opt_h2d"  # upload a streamed layer's FP32 master + moments for its GPU AdamW
-    OPT_D2H = "opt_d2h"  # download them back after the update
-    W_D2H = "w_d2h"  # download a streamed layer's updated BF16 weights into the pinned copy
-    # FP32 master -> compute-dtype weights on the CPU: ZeRO-offload's after its updates; the
-    # sliding schedule's into a weight-staging slot right before the unit's upload
-    CAST = "cast"
-    GRAD_ACCUM = "grad_accum"  # add a micro-batch's landed BF16 grads into the CPU FP32 accumulator
-    # global clipping: each parameter's gradient norm of a unit (where its step's gradient is
-    # whole: the GPU for device-updated units, the landed copy on the host for the others)
-    GRAD_NORM = "grad_norm"
-    NORM = "norm"  # the step's global norm from every unit's: the clip scale and finiteness
-    ACT_SAVE = "act_save"  # copy a layer's input activation GPU -> CPU (d2h lane)
-    ACT_LOAD = "act_load"  # copy it back CPU -> GPU ahead of the layer's recompute (h2d lane)
-    NVME_READ = "nvme_read"  # read optimizer state or activations from NVMe
-    NVME_WRITE = "nvme_write"  # write them back
-    # Collectives on a `net` lane (multi-GPU layouts; work.bytes = the full logical message):
-    ALL_REDUCE = "all_reduce"  # sum a tensor across a group (TP blocks, unsharded DP grads)
-    REDUCE_SCATTER = "reduce_scatter"  # sum and leave each rank its shard (sharded DP grads)
-    ALL_GATHER = "all_gather"  # every rank gets every shard (weights after a sharded update)
-    ALL_TO_ALL = "all_to_all"  # each rank sends a slice to every other (EP dispatch/combine)
-    SEND_RECV = "send_recv"  # point to point (PP activations/grads, the CP key/value ring)
-
-
-class Tier(StrEnum):
-    """Where bytes live. `cpu` is pageable host RAM; `pinned` is page-locked host RAM."""
-
-    GPU = "gpu"
-    PINNED = "pinned"
-    CPU = "cpu"
-    NVME = "nvme"
-
-
-class PoolRole(StrEnum):
-    """What a pool's slots hold, so an engine knows how to allocate it without its name."""
-
-    ACCOUNTING = "accounting"  # counted, never allocated by Slide: CUDA context, process, hand-back
-    WORKSPACE = "workspace"  # compute scratch torch allocates; a recompute's tape lives there
-    TAPE = "tape"  # autograd tapes a forward keeps for its backward; torch allocates them
-    TOKENS = "tokens"  # the current micro-batch's token ids and labels on the GPU
-    HIDDEN = "hidden"  # layer inputs (B x S x H) on the GPU
-    HIDDEN_GRAD = "hidden_grad"  # gradients w.r.t. hidden states on the GPU
-    HOST_HIDDEN = "host_hidden"  # saved layer inputs, or their NVMe staging, in pinned RAM
-    NVME_HIDDEN = "nvme_hidden"  # saved layer inputs on NVMe
-    UNIT = "unit"  # one unit's compute-dtype weights + grads on the GPU (a cache-ring slot)
-    RESIDENT = "resident"  # units whole on the GPU: weights, grads, FP32 master and moments
-    STREAM_STATE = "stream_state"  # a streamed unit's FP32 master, moments and grad on the GPU
-    DEVICE_WEIGHTS = "device_weights"  # every unit's weights on the GPU, one flat slot
-    DEVICE_GRADS = "device_grads"  # every unit's gradients on the GPU, one flat slot
-    GRAD_LANDING = "grad_landing"  # pinned RAM that downloaded gradients land in
-    HOST_WEIGHTS = "host_weights"  # the pinned compute-dtype copy an upload reads
-    WEIGHT_STAGING = "weight_staging"  # a pinned ring an upload reads, cast from the master
-    GRAD_ACCUM = "grad_accum"  # FP32 gradient accumulators in RAM
-    MASTER = "master"  # FP32 master weights in RAM (pinned for streamed units)
-    MOMENTS = "moments"  # Adam moments in RAM (pinned for streamed units)
-    NVME_STATE = "nvme_state"  # optimizer state on NVMe, striped over the drives
-    OPT_STAGING = "opt_staging"  # RAM staging of the NVMe optimizer-state stripes
-    GRAD_NORMS = "grad_norms"  # a unit's per-parameter gradient norms (FP32, pinned)
-    GRAD_SCALE = "grad_scale"  # the step's clip scale and global norm (FP32, pinned)
-
-
-class Dtype(StrEnum):
-    """What a pool's elements are, so an engine allocates them without guessing from byte
-    counts: `compute` is the run's compute dtype (BF16 on a GPU; FP32 in the CPU mode),
-    `moments` the Adam moments' (FP32 or BF16, `GraphInfo.moments_dtype`)."""
-
-    NONE = ""  # not one element array: accounting, torch's workspaces, tokens, NVMe regions
-    COMPUTE = "compute"
-    FP32 = "fp32"
-    MOMENTS = "moments"
-
-
-class UnitPlacement(StrEnum):
-    """Where a unit lives and who updates it (the graph's info lists one per unit)."""
-
-    RESIDENT = "resident"  # whole on the GPU, updated there
-    STREAMED = "streamed"  # slides; its state visits the GPU for a GPU AdamW
-    SLIDING = "sliding"  # slides; host AdamW, state in RAM
-    NVME = "nvme"  # slides (or stays, ZeRO-offload); host AdamW, state homed on NVMe
-    OFFLOADED = "offloaded"  # ZeRO-offload: weights stay on the GPU, host AdamW, state in RAM
-
-
-LANE_KINDS = ("gpu", "h2d", "d2h", "cpu", "nvme", "net")
-
-
-@functools.cache  # a graph has a handful of lanes and thousands of ops
-def lane_kind(lane: str) -> str:
-    """The lane's kind: `nvme0`, `nvme1` are lanes of kind `nvme` (one per drive)."""
-    base = lane.rstrip("0123456789")
-    if base not in LANE_KINDS:
-        raise ValueError(f"lane {lane!r}: kind must be one of {', '.join(LANE_KINDS)}")
-    return base
-
-
-def lane_index(lane: str) -> int:
-    """The number of a lane of its kind: `nvme1` -> 1 (the drive), `gpu` -> 0."""
-    kind = lane_kind(lane)
-    return int(lane[len(kind) :] or 0)
-
-
-class Role(StrEnum):
-    """What an operand is to its op where the op's kind has optional operands: an interpreter
-    tells the variants apart by these, never by a unit number or an operand count."""
-
-    MAIN = "main"  # the operands every op of the kind has (the order its kind documents)
-    TOKENS = "tokens"  # the step's token ids and labels: the embedding's fwd writes, its bwd reads
-    TAPE = "tape"  # a layer's autograd tape, written by a forward that keeps it for its bwd
-    TIED = "tied"  # the embedding's weights (read) and gradients (written) of a tied LM head
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -190,102 +69,6 @@ class Value:
         if role and role not in set(Role):
             raise ValueError(f"value {text!r}: unknown role {role!r} (one of {', '.join(Role)})")
         return cls(name=name, slot=slot, accumulate=accumulate, role=Role(role or Role.MAIN))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Gemm:
-    """A matmul (m x k) @ (k x n), run `count` times: a GEMM's rate depends on its shape (tile
-    and wave quantisation, the K loop's prologue), so the cost model prices each one by it.
-    Printed `MxNxK` or `MxNxK*count`."""
-
-    m: int
-    n: int
-    k: int
-    count: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("m", "n", "k", "count"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Gemm.{name} must be a whole number >= 1, got {value!r}")
-
-    @property
-    def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k * self.count
-
-    @property
-    def bytes(self) -> int:
-        """BF16 operands read and result written, once per run (the memory-bound limit)."""
-        return 2 * (self.m * self.k + self.k * self.n + self.m * self.n) * self.count
-
-    def __str__(self) -> str:
-        shape = f"{self.m}x{self.n}x{self.k}"
-        return shape if self.count == 1 else f"{shape}*{self.count}"
-
-    @classmethod
-    def parse(cls, text: str) -> Gemm:
-        shape, _, count = text.partition("*")
-        try:
-            m, n, k = (int(x) for x in shape.split("x"))
-            return cls(m=m, n=n, k=k, count=int(count or 1))
-        except ValueError as error:
-            raise ValueError(f"bad GEMM {text!r}: expected MxNxK or MxNxK*count") from error
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Attention:
-    """Fused causal attention over `batch` x `heads` sequences of `seq` tokens, `head_dim` wide
-    (`window` > 0: a sliding window of that many keys): the shape its rate depends on (causal
-    block quantisation, occupancy, head width). Printed `BxHxSxD` or `BxHxSxDwW`."""
-
-    batch: int
-    heads: int
-    seq: int
-    head_dim: int
-    window: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("batch", "heads", "seq", "head_dim", "window"):
-            value = getattr(self, name)
-            low = 0 if name == "window" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"Attention.{name} must be a whole number >= {low}, got {value!r}")
-
-    def __str__(self) -> str:
-        shape = f"{self.batch}x{self.heads}x{self.seq}x{self.head_dim}"
-        return shape + (f"w{self.window}" if self.window else "")
-
-    @classmethod
-    def parse(cls, text: str) -> Attention:
-        shape, _, window = text.partition("w")
-        try:
-            b, h, s, d = (int(x) for x in shape.split("x"))
-            return cls(batch=b, heads=h, seq=s, head_dim=d, window=int(window or 0))
-        except ValueError as error:
-            raise ValueError(f"bad attention shape {text!r}: expected BxHxSxD[wW]") from error
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Work:
-    """Physical work of an op, never seconds: the cost model turns it into time. `gemms` and
-    `attention` give the shapes of the GPU work where the planner knows them (a decoder layer,
-    the fused loss); `flops` stays the model-FLOPs total either way."""
-
-    flops: float = 0.0
-    attn_flops: float = 0.0  # the part of `flops` spent in attention (SDPA runs at its own rate)
-    bytes: int = 0  # bytes moved (transfers), touched (optimizer) or streamed by GPU kernels
-    elements: int = 0  # parameters updated or cast
-    gemms: tuple[Gemm, ...] = ()  # the matmuls of `flops - attn_flops`, by shape
-    attention: Attention | None = None  # the shape of `attn_flops`
-
-    def __post_init__(self) -> None:
-        if min(self.flops, self.attn_flops, self.bytes, self.elements) < 0:
-            name = next(
-                n for n in ("flops", "attn_flops", "bytes", "elements") if getattr(self, n) < 0
-            )
-            raise ValueError(f"Work.{name} must be >= 0, got {getattr(self, name)}")
-        if self.attn_flops > self.flops:
-            raise ValueError(f"Work.attn_flops ({self.attn_flops}) exceeds flops ({self.flops})")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

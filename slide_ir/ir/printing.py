@@ -9,7 +9,7 @@ Small schedules in tests are written in it. Lines are `key=value` tokens, shell-
         reads=L1.w@gpu_units.0,s1.L1.x@gpu_acts.0 writes=s1.L2.x@gpu_acts.1
 
 (one line each). Values are `name@slot`, `+=` after an accumulating write, `#role` after one in a role
-other than main (`graph.Role`). Omitted fields take
+other than main (`vocab.Role`). Omitted fields take
 their defaults (micro-batch 0, no work, no deps, no slots, no values, pool role `accounting`).
 `#` starts a comment line.
 """

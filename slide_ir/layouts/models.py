@@ -2,9 +2,9 @@
 
 `load_layout_model(name)` finds a catalog name of `catalog/moe_models/*.json` (published HF
 configs of MoE models, each with its `_source`), else a config.json / model directory of a MoE
-type, else falls back to `slide_ir.specs.model.load_model` (the dense catalog). MoE configs are read
-here, not by `load_model`, because only the layout planner handles them: the single-GPU planner
-and the executor build identical dense layers.
+type, else falls back to `slide_ir.specs.model_catalog.load_model` (the dense catalog). MoE
+configs are read here, not by `load_model`, because only the layout planner handles them: the
+single-GPU planner and the executor build identical dense layers.
 
 Field names per architecture (transformers' configs):
 - qwen3_moe: `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`; every layer MoE
@@ -26,16 +26,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from slide_ir.specs.model import (
-    MOE_MODEL_TYPES,
-    ModelConfigError,
-    ModelSpec,
-    UnknownModelError,
-    _get,
-    _rope,
-    load_model,
-    model_names,
-)
+from slide_ir.specs.hf_config import ModelConfigError, _get, _rope
+from slide_ir.specs.model import MOE_MODEL_TYPES, ModelSpec
+from slide_ir.specs.model_catalog import UnknownModelError, load_model, model_names
 
 
 def _catalog_dir() -> Path:

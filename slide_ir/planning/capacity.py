@@ -1,4 +1,4 @@
-"""Capacity: the largest model a machine can fine-tune, per placement of activations/optimizer.
+"""Capacity: the largest model a machine can fine-tune, per placement and moment precision.
 
 Fitting is a question for the memory ledger alone (no simulation): a model fits when no tier
 overflows. Two answers per placement:
@@ -18,7 +18,8 @@ from typing import Any
 from slide_ir.planning.placement import plan_fits, smallest_ledger
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
-from slide_ir.specs.model import ModelSpec, load_model, model_names
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model, model_names
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ def capacity(machine: Machine, config: TrainConfig) -> dict[str, Any]:
     return {
         "activations": config.activations,
         "optimizer": config.optimizer,
+        "moments": config.moments_dtype,
         "largest_model": best.name if best else None,
         "largest_model_params": best.total_params if best else 0,
         # host RAM per parameter of that model at the smallest footprint (what decides the fit)

@@ -1,7 +1,9 @@
 """ModelSpec: a decoder-only transformer's shape, and what one layer costs in params, FLOPs, bytes.
 
-Built from a Hugging Face config.json (a file, a model directory, or a built-in catalog entry in
-`catalog/models/<name>.json`), so planner, simulator and executor all read one description.
+Built from a Hugging Face config.json (`slide_ir.specs.hf_config` reads one; a file, a model
+directory, or a built-in catalog entry in `catalog/models/<name>.json`, which
+`slide_ir.specs.model_catalog.load_model` finds), so planner, simulator and executor all read one
+description.
 
 Invariants:
 - All decoder layers are identical (llama, mistral, qwen2, qwen3 without sliding-window layer
@@ -14,12 +16,9 @@ Invariants:
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from slide_ir.specs import moe
@@ -37,14 +36,6 @@ _ZERO_OK = frozenset({"num_experts", "experts_per_token", "shared_experts",
                       "qk_rope_head_dim", "v_head_dim"})  # fmt: skip
 _BF16, _FP32 = 2, 4
 LCE_BYTES_PER_LOGIT = 6  # the fused loss's row kernel: two bf16 reads and one write per logit
-
-
-class UnknownModelError(ValueError):
-    """A name that is neither a catalog entry nor an existing path."""
-
-
-class ModelConfigError(ValueError):
-    """A config.json that cannot be read as a supported model; the message names file and field."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,7 +115,9 @@ class ModelSpec:
         cls, config: Mapping[str, Any], *, name: str, origin: str = "<config>"
     ) -> ModelSpec:
         """Read a HF config dict; `origin` (a file path) is named in every error message."""
-        return _spec_from_config(config, name=name, origin=origin)
+        from slide_ir.specs.hf_config import spec_from_config  # it imports this module
+
+        return spec_from_config(config, name=name, origin=origin)
 
     def to_hf_config(self) -> dict[str, Any]:
         """The HF config dict to build the transformers model from (keys starting `_` dropped).
@@ -132,7 +125,9 @@ class ModelSpec:
         A spec built by hand, with no stored config, gets one synthesised from its fields.
         """
         if not self.hf_config_json:
-            return _synth_hf_config(self)
+            from slide_ir.specs.hf_config import synth_hf_config  # it imports this module
+
+            return synth_hf_config(self)
         raw: dict[str, Any] = json.loads(self.hf_config_json)
         return {k: v for k, v in raw.items() if not k.startswith("_")}
 
@@ -357,175 +352,3 @@ class ModelSpec:
             raise ValueError(f"budget_bytes must be >= 0; got {budget_bytes}")
         fit = budget_bytes // (self.vocab_size * _BF16)
         return 1 << (fit.bit_length() - 1) if fit >= 1 else 1
-
-
-# --- reading HF configs ---------------------------------------------------------------------
-
-
-def _get(config: Mapping[str, Any], key: str, kind: type, origin: str, default: Any = None) -> Any:
-    """`config[key]` checked against `kind`; ModelConfigError naming file and field otherwise."""
-    if key not in config or config[key] is None:
-        if default is None:
-            raise ModelConfigError(f"{origin}: missing field {key!r}")
-        return default
-    value = config[key]
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok:
-        raise ModelConfigError(f"{origin}: field {key!r} must be {kind.__name__}; got {value!r}")
-    return float(value) if kind is float else value
-
-
-def _rope(config: Mapping[str, Any], origin: str) -> tuple[float, str]:
-    """(theta, type) from v4 keys (rope_theta, rope_scaling) or v5's rope_parameters."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if not isinstance(params, Mapping):
-        raise ModelConfigError(f"{origin}: field 'rope_scaling' must be an object; got {params!r}")
-    theta = _get({**params, **config}, "rope_theta", float, origin, 10000.0)
-    return theta, str(params.get("rope_type", params.get("type", "default")))
-
-
-def _sliding_window(config: Mapping[str, Any], model_type: str, origin: str) -> int | None:
-    """Mistral windows every layer; qwen2/3 would window only some layers, which we refuse."""
-    if model_type == "mistral":
-        return _get(config, "sliding_window", int, origin, 0) or None
-    if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window"):
-        raise ModelConfigError(
-            f"{origin}: field 'use_sliding_window' is true; per-layer sliding-window attention "
-            "is not supported (all layers must be identical)"
-        )
-    return None
-
-
-def _spec_from_config(config: Mapping[str, Any], *, name: str, origin: str) -> ModelSpec:
-    if not isinstance(config, Mapping):
-        raise ModelConfigError(f"{origin}: expected a JSON object; got {type(config).__name__}")
-    model_type = _get(config, "model_type", str, origin)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        supported = ", ".join(SUPPORTED_MODEL_TYPES)
-        raise ModelConfigError(
-            f"{origin}: field 'model_type' is {model_type!r}; supported: {supported}"
-        )
-    hidden = _get(config, "hidden_size", int, origin)
-    heads = _get(config, "num_attention_heads", int, origin)
-    theta, rope_type = _rope(config, origin)
-    bias = _get(config, "attention_bias", bool, origin, False)
-    try:
-        return ModelSpec(
-            name=name,
-            model_type=model_type,
-            hidden_size=hidden,
-            intermediate_size=_get(config, "intermediate_size", int, origin),
-            num_layers=_get(config, "num_hidden_layers", int, origin),
-            num_heads=heads,
-            num_kv_heads=_get(config, "num_key_value_heads", int, origin, heads),
-            head_dim=_get(config, "head_dim", int, origin, max(hidden // max(heads, 1), 1)),
-            vocab_size=_get(config, "vocab_size", int, origin),
-            tied_embeddings=_get(config, "tie_word_embeddings", bool, origin, False),
-            qk_norm=model_type == "qwen3",
-            attention_bias=model_type == "qwen2" or (bias and model_type != "mistral"),
-            o_proj_bias=bias and model_type in ("llama", "qwen3"),
-            mlp_bias=model_type == "llama" and _get(config, "mlp_bias", bool, origin, False),
-            rms_norm_eps=_get(config, "rms_norm_eps", float, origin, 1e-6),
-            rope_theta=theta,
-            rope_type=rope_type,
-            max_position_embeddings=_get(config, "max_position_embeddings", int, origin, 4096),
-            sliding_window=_sliding_window(config, model_type, origin),
-            hidden_act=_get(config, "hidden_act", str, origin, "silu"),
-            source=str(config.get("_source", config.get("_name_or_path", ""))),
-            hf_config_json=json.dumps(dict(config), sort_keys=True),
-        )
-    except ValueError as e:  # a field out of range: name the file too
-        raise ModelConfigError(f"{origin}: {e}") from e
-
-
-# HF key -> ModelSpec attribute, for configs synthesised from hand-built specs.
-_HF_KEYS = (
-    ("model_type", "model_type"),
-    ("hidden_size", "hidden_size"),
-    ("intermediate_size", "intermediate_size"),
-    ("num_hidden_layers", "num_layers"),
-    ("num_attention_heads", "num_heads"),
-    ("num_key_value_heads", "num_kv_heads"),
-    ("head_dim", "head_dim"),
-    ("vocab_size", "vocab_size"),
-    ("tie_word_embeddings", "tied_embeddings"),
-    ("rms_norm_eps", "rms_norm_eps"),
-    ("rope_theta", "rope_theta"),
-    ("max_position_embeddings", "max_position_embeddings"),
-    ("hidden_act", "hidden_act"),
-)
-
-
-def _synth_hf_config(spec: ModelSpec) -> dict[str, Any]:
-    """A minimal HF config equivalent to a hand-built spec (for tiny test models)."""
-    config = {key: getattr(spec, attr) for key, attr in _HF_KEYS}
-    if spec.model_type in ("llama", "qwen3"):
-        config["attention_bias"] = spec.o_proj_bias
-    if spec.model_type == "llama":
-        config["mlp_bias"] = spec.mlp_bias
-    if spec.model_type == "mistral":
-        config["sliding_window"] = spec.sliding_window
-    return config
-
-
-# --- catalog and loading --------------------------------------------------------------------
-
-
-def _catalog_dir() -> Path:
-    return Path(str(resources.files("slide_ir") / "catalog" / "models"))
-
-
-def model_names() -> list[str]:
-    """Names of the built-in catalog entries, sorted (what `slide models` lists)."""
-    return sorted(p.stem for p in _catalog_dir().glob("*.json"))
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ModelConfigError(f"{path}: not valid JSON ({e})") from e
-    except OSError as e:
-        raise ModelConfigError(f"{path}: cannot read ({e.strerror})") from e
-
-
-def _catalog_sources() -> dict[str, str]:
-    """HF repo id (lower case) -> catalog name, so "meta-llama/Llama-3.1-8B" finds its entry."""
-    out: dict[str, str] = {}
-    for name in model_names():
-        source = _read_json(_catalog_dir() / f"{name}.json").get("_source", "")
-        out[str(source).lower()] = name
-    return out
-
-
-def _unknown(name: str) -> UnknownModelError:
-    names = model_names()
-    close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.5)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    return UnknownModelError(
-        f"unknown model {name!r}: not a catalog name nor an existing config.json or model "
-        f"directory.{hint} Run `slide models` to list the catalog."
-    )
-
-
-def load_model(name_or_path: str) -> ModelSpec:
-    """A catalog name, an HF repo id of a catalog entry, a config.json, or a directory holding one."""
-    catalog = _catalog_dir() / f"{name_or_path.lower()}.json"
-    if "/" not in name_or_path and catalog.is_file():
-        return ModelSpec.from_hf_config(
-            _read_json(catalog), name=name_or_path.lower(), origin=str(catalog)
-        )
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.is_file():
-            raise ModelConfigError(f"{path}: no config.json in this model directory")
-    if path.is_file():
-        name = path.parent.name if path.name == "config.json" else path.stem
-        return ModelSpec.from_hf_config(_read_json(path), name=name or path.stem, origin=str(path))
-    alias = _catalog_sources().get(name_or_path.lower())
-    if alias is not None:
-        return load_model(alias)
-    raise _unknown(name_or_path)

@@ -8,7 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from bench.speed.fsdp_offload import SYSTEM, fsdp2_offload_point, main
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 
 @pytest.fixture(autouse=True)

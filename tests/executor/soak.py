@@ -17,7 +17,7 @@ from slide.session import train
 from slide.weights import RandomInit
 from slide_ir import TrainConfig, load_machine
 from slide_ir.ir.trace import MemorySample, Span
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 STEPS = 2000
 WARM = 200

@@ -1,4 +1,4 @@
-"""The executor's handlers tell an op's variants apart by its operands' roles (`graph.Role`),
+"""The executor's handlers tell an op's variants apart by its operands' roles (`vocab.Role`),
 never by its unit number, its operand count or a value's name: what an op does is what the
 Program says, so the simulator sees the same thing. Grep-level, over the handler modules."""
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from executor import buffers
+from executor import host_memory
 
 
 def _fake_register(codes):
@@ -22,8 +22,8 @@ def _fake_register(codes):
 
 def test_first_registration_inline_the_rest_on_threads(monkeypatch):
     register, calls = _fake_register([0])
-    monkeypatch.setattr(buffers, "_register", register)
-    host = buffers.HostMemory(pin=True)
+    monkeypatch.setattr(host_memory, "_register", register)
+    host = host_memory.HostMemory(pin=True)
     ts = [host.empty(n, torch.float32) for n in (10, 20, 30, 40)]
     host.wait()
     assert sorted(n for _, n in calls) == [10, 20, 30, 40]
@@ -34,8 +34,8 @@ def test_first_registration_inline_the_rest_on_threads(monkeypatch):
 
 def test_a_later_failure_is_raised_by_wait(monkeypatch):
     register, _ = _fake_register([0, 0, 2])
-    monkeypatch.setattr(buffers, "_register", register)
-    host = buffers.HostMemory(pin=True)
+    monkeypatch.setattr(host_memory, "_register", register)
+    host = host_memory.HostMemory(pin=True)
     for n in (10, 20, 30):
         host.empty(n, torch.float32)
     with pytest.raises(RuntimeError, match="cudaHostRegister failed"):
@@ -45,9 +45,9 @@ def test_a_later_failure_is_raised_by_wait(monkeypatch):
 
 def test_a_failing_first_registration_falls_back(monkeypatch, caplog):
     register, calls = _fake_register([1])
-    monkeypatch.setattr(buffers, "_register", register)
+    monkeypatch.setattr(host_memory, "_register", register)
     monkeypatch.setattr(torch, "empty", _no_pin(torch.empty))
-    host = buffers.HostMemory(pin=True)
+    host = host_memory.HostMemory(pin=True)
     host.empty(10, torch.float32)
     host.empty(20, torch.float32)
     host.wait()

@@ -110,7 +110,7 @@ def test_a_lane_bound_by_its_floors_refits_the_floors_not_the_rates():
 
     from slide_ir.planning.cost import FLOOR_FIELDS
     from slide_ir.planning.planner import plan
-    from slide_ir.specs.model import load_model
+    from slide_ir.specs.model_catalog import load_model
 
     m = load_machine("h200-16c-128g")
     m = replace(m, gpu=replace(m.gpu, layer_fwd_floor_s=1e-3, layer_bwd_floor_s=1.5e-3,

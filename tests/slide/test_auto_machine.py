@@ -8,15 +8,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from slide.calibration import auto_machine, host_probes, shape_probes
-from slide.calibration import gpu_probes as cal
+from slide.calibration import auto_machine, gpu_probes, host_probes, host_rate_probes, shape_probes
+from slide.calibration import probe_common as cal
 from slide.cli import main
 from slide.training import TrainRequest, resolve_machine
 from slide_ir.planning.planner import plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine, load_machine_toml, machine_to_toml
 from slide_ir.specs.hardware_parts import default_optimizer_threads
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 HOST = host_probes.Host(
     gpu="NVIDIA Imaginary X1", gpu_memory_bytes=48 << 30, cpu="Made-up CPU 9000", cores=16,
@@ -37,23 +37,24 @@ NVME_GRID = cal.GridFigure("4096:0.05", "fake probe", 1)
 
 
 class FakeProbes:
-    """Stands in for slide.calibration.gpu_probes's probes; `scale` multiplies every rate, `calls`
+    """Stands in for the calibration's probes (`gpu_probes`, `host_rate_probes`); `scale` multiplies every rate, `calls`
     counts the runs of the host-update probe (three per measurement)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.scale, self.calls = 1.0, 0
-        gpu = {"matmul_rate": 500e12, "attention_rate": 200e12, "hbm_rate": 3e12,
-               "lce_rate": 2e10, "elementwise_rate": 2e12, "gpu_adam_rate": 5e10,
-               "cast_rate": 4e9}  # fmt: skip
-        for name, value in gpu.items():
-            monkeypatch.setattr(cal, name, lambda *a, _v=value, **k: _fig(_v * self.scale))
-        monkeypatch.setattr(cal, "link_rates", self.link)
-        monkeypatch.setattr(cal, "dispatch_floors", lambda *a, **k: dict(FLOORS))
-        monkeypatch.setattr(cal, "adam_rate", self.adam)
-        monkeypatch.setattr(cal, "adam_grid", lambda threads: ADAM_GRID)
+        rates = {(gpu_probes, "matmul_rate"): 500e12, (gpu_probes, "attention_rate"): 200e12,
+                 (gpu_probes, "hbm_rate"): 3e12, (gpu_probes, "lce_rate"): 2e10,
+                 (gpu_probes, "elementwise_rate"): 2e12, (gpu_probes, "gpu_adam_rate"): 5e10,
+                 (host_rate_probes, "cast_rate"): 4e9}  # fmt: skip
+        for (module, name), value in rates.items():
+            monkeypatch.setattr(module, name, lambda *a, _v=value, **k: _fig(_v * self.scale))
+        monkeypatch.setattr(host_rate_probes, "link_rates", self.link)
+        monkeypatch.setattr(gpu_probes, "dispatch_floors", lambda *a, **k: dict(FLOORS))
+        monkeypatch.setattr(host_rate_probes, "adam_rate", self.adam)
+        monkeypatch.setattr(host_rate_probes, "adam_grid", lambda threads: ADAM_GRID)
         drive = {"read": _fig(7e9), "write": _fig(6e9), "read_grid": NVME_GRID,
                  "write_grid": NVME_GRID}  # fmt: skip
-        monkeypatch.setattr(cal, "nvme_rates", lambda d, *a: drive)
+        monkeypatch.setattr(host_rate_probes, "nvme_rates", lambda d, *a: drive)
         monkeypatch.setattr(host_probes, "this_host", lambda device: HOST)
         grid = shape_probes.GridFigure("8192x4096x4096:480 1024x896x896:150", "fake probe", 2)
         monkeypatch.setattr(shape_probes, "gemm_grid_rates", lambda: grid)
@@ -187,7 +188,10 @@ def test_cpu_mode_keeps_the_preset_figures_and_measures_nothing(probes):
     preset = load_machine(auto_machine.CPU_MODE_PRESET)
     assert probes.calls == 0 and machine.name == "auto (cpu)"
     assert machine.gpu.bf16_matmul_tflops == preset.gpu.bf16_matmul_tflops
-    assert machine.ram_bytes == 8 << 30 and machine.gpu.memory_bytes == cal.host_ram_bytes()
+    assert (
+        machine.ram_bytes == 8 << 30
+        and machine.gpu.memory_bytes == host_rate_probes.host_ram_bytes()
+    )
     assert not auto_machine.cache_dir().exists()
 
 
@@ -267,7 +271,7 @@ def test_the_host_curves_grids_hold_the_whole_unit_runs_as_points(probes):
     """The host update's grid: the grid probe's small units and the two whole-unit runs (all
     and half the update threads) that also give the per-core and DRAM figures."""
     machine = auto_machine.auto_machine(CUDA)
-    unit = min(cal.host_update_unit(load_model("llama-3.1-8b").layer_params), 64 << 20)
+    unit = min(host_rate_probes.host_update_unit(load_model("llama-3.1-8b").layer_params), 64 << 20)
     threads = default_optimizer_threads(host_probes.usable_cores())  # as the probes run them
     counts = sorted({max(1, threads // 2), threads})
     runs = [f"{unit}x{t}:{t * ADAM_PER_CORE / 1e9:.4g}" for t in counts]

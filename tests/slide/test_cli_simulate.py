@@ -152,8 +152,8 @@ def test_capacity_json(capsys):
     code, out, _ = run(capsys, "capacity", "--machine", "paper-pc-4090", "--json")
     assert code == 0
     doc = json.loads(out)
-    by_place = {(p["activations"], p["optimizer"]): p for p in doc["placements"]}
-    cpu, nvme = by_place[("cpu", "cpu")], by_place[("nvme", "nvme")]
+    by_place = {(p["activations"], p["optimizer"], p["moments"]): p for p in doc["placements"]}
+    cpu, nvme = by_place[("cpu", "cpu", "fp32")], by_place[("nvme", "nvme", "fp32")]
     assert cpu["largest_model"] is not None
     assert nvme["largest_model_params"] >= cpu["largest_model_params"]
     for fam in cpu["families"].values():
@@ -295,4 +295,44 @@ def test_capacity_shows_host_bytes_per_param_beside_slideformers_rule(capsys):
     assert place["host_bytes_per_param"] == pytest.approx(host / model.total_params, abs=1e-3)
     assert f"host RAM {host / model.total_params:.1f} B/param" in text
     rule = 128 * 2**30 / 12 / 1e9  # RAM over SlideFormer's 12 B/param
-    assert f"SlideFormer's rule (12 B/param in host RAM) gives {rule:.1f} B params" in text
+    assert f"SlideFormer's rule: 12 B/param in host RAM, 0 on NVMe: {rule:.1f} B params" in text
+
+
+def _capacity_modes(capsys, *argv):
+    code, out, _ = run(capsys, "capacity", "--machine", "paper-pc-4090", "--ram-gb", "128",
+                       "--activations", "cpu", *argv, "--json")  # fmt: skip
+    assert code == 0
+    return {(p["optimizer"], p["moments"]): p for p in json.loads(out)["placements"]}
+
+
+def test_capacity_reports_both_moment_precisions_as_modes(capsys):
+    modes = _capacity_modes(capsys, "--optimizer", "cpu")
+    assert set(modes) == {("cpu", "fp32"), ("cpu", "bf16")}
+    fp32, bf16 = modes[("cpu", "fp32")], modes[("cpu", "bf16")]
+    assert bf16["largest_model_params"] >= fp32["largest_model_params"]
+    for name, fam in bf16["families"].items():
+        assert fam["scaled_params"] >= fp32["families"][name]["scaled_params"], name
+    rules = [m["slideformer_host_bytes_per_param"] for m in (fp32, bf16)]
+    assert rules == [12, 8]
+    code, text, _ = run(capsys, "capacity", "--machine", "paper-pc-4090", "--optimizer", "cpu",
+                        "--activations", "cpu")  # fmt: skip
+    assert code == 0
+    assert "optimizer on cpu, FP32 moments:" in text and "optimizer on cpu, BF16 moments:" in text
+    assert "(SlideFormer's rule: 8 B/param in host RAM, 0 on NVMe: " in text
+
+
+def test_capacity_moments_flag_picks_one_mode_and_the_nvme_rule_counts_the_drive(capsys):
+    modes = _capacity_modes(capsys, "--moments", "bf16")
+    assert {m for _, m in modes} == {"bf16"}
+    nvme = modes[("nvme", "bf16")]
+    rule = nvme["slideformer_host_bytes_per_param"], nvme["slideformer_nvme_bytes_per_param"]
+    assert rule == (0, 8)
+    assert nvme["slideformer_params"] == round(2000e9 / 8)  # the preset's one 2 TB drive
+
+
+def test_capacity_refuses_a_bad_moments_value(capsys):
+    with pytest.raises(SystemExit) as stop:  # argparse's usage and one error line
+        main(["capacity", "--moments", "fp16"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert "--moments: invalid choice: 'fp16' (choose from 'fp32', 'bf16')" in err

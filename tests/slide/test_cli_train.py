@@ -145,3 +145,30 @@ def test_the_summary_names_the_placement_and_its_prediction(tmp_path, tokens, ca
     got = against_plan(placed, 0.55, nproc=2)
     assert got == {"placement": "c", "predicted_tokens_per_s": 4000.0, "step_time_error": 0.1}
     assert against_plan(None, 0.55, nproc=1) == {}
+
+
+@pytest.mark.parametrize(
+    ("skipped", "ok"), [(None, True), ([], True), ([3], False), ([0], False), ("1", False)]
+)
+def test_resume_reads_the_skipped_steps_it_records(tmp_path, tokens, capsys, skipped, ok):
+    """A state without `skipped_steps` (an older checkpoint's) resumes with none skipped; one
+    naming a step it has not done, or not a list of steps, is refused in one line."""
+    out = tmp_path / "run"
+    assert train(capsys, "--data", tokens, "--steps", "3", "--save-every", "2", "--clip",
+                 "global", "--out", str(out))[0] == 0  # fmt: skip
+    ckpt = out / "checkpoints" / "step-000002" / "slide_state.json"
+    state = json.loads(ckpt.read_text())
+    assert state["skipped_steps"] == []
+    if skipped is None:
+        del state["skipped_steps"]
+    else:
+        state["skipped_steps"] = skipped
+    ckpt.write_text(json.dumps(state))
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    (out / "latest").unlink()
+    code, _, err = train(capsys, "--data", tokens, "--resume", str(out), "--out", str(out))
+    if ok:
+        assert code == 0
+    else:
+        assert code == 2 and "lacks a valid skipped_steps" in err, err
+        assert len(err.strip().splitlines()) == 1

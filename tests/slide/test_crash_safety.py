@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
-from slide.checkpoints import find_checkpoint
+from slide.checkpoints import find_checkpoint, published_steps
 from slide.cli import main
 
 STEPS = 5
@@ -183,3 +184,175 @@ def _check_trial(t: Trial, tokens: str, reference: dict[str, torch.Tensor]) -> N
     assert got.keys() == reference.keys(), what
     unequal = [k for k in got if not torch.equal(got[k], reference[k])]
     assert not unequal, f"{what}: resumed state differs in {unequal[:3]}"
+
+
+# -- global clipping: SIGKILL at chosen points of a step whose updates wait for its norm ------
+CLIP_ARGS = [*ARGS, "--clip", "global", "--clip-norm", "0.05", "--save-every", "2"]
+# Run in the killed process before `slide train`: an update of global step $PARK_STEP, once
+# $PARK_AFTER of that step's updates have started, writes the op's id to $PARK_FILE and blocks
+# its lane for good (the norm is known, the step's updates are part done, the state in RAM is
+# half-updated); the micro-batches of the steps in $POISON_STEPS are scaled by NaN, so their
+# gradient norm is not finite and global clipping skips them.
+HOOK = """import os, sys, threading
+from pathlib import Path
+from executor import loop
+from executor.env import Env
+
+park, after = int(os.environ.get("PARK_STEP", "0")), int(os.environ.get("PARK_AFTER", "0"))
+poison = {int(s) for s in os.environ.get("POISON_STEPS", "").split(",") if s}
+started = []
+update_scale = Env.update_scale
+
+def parked(self, op):
+    if self.step_offset + op.step == park:
+        if len(started) == after:
+            Path(os.environ["PARK_FILE"]).write_text(op.id)
+            threading.Event().wait()
+        started.append(op.id)
+    return update_scale(self, op)
+
+real_micro_batches = loop.micro_batches
+
+def poisoned(it, step, info, base, staging, ranks=None):
+    out = real_micro_batches(it, step, info, base, staging, ranks)
+    if base + step in poison:
+        out = [loop.MicroBatch(step=m.step, micro=m.micro, tokens=m.tokens, scale=float("nan"))
+               for m in out]
+    return out
+
+Env.update_scale = parked
+loop.micro_batches = poisoned
+from slide.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+PLACEMENTS = {"mixed": [], "sliding": ["--resident", "0"]}  # 5 resident + 1 sliding; host updates
+
+
+def _hooked(out: Path, tokens: str, placement: str, **env: str) -> subprocess.Popen[str]:
+    env = os.environ | {"OMP_NUM_THREADS": "1", "SLIDE_SAVE_DELAY_MS": DELAY_MS,
+                        "PYTHONFAULTHANDLER": "1", **env}  # fmt: skip
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOOK,
+            *CLIP_ARGS,
+            *PLACEMENTS[placement],
+            "--data",
+            tokens,
+            "--out",
+            str(out),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _clip_reference(
+    out: Path, tokens: str, placement: str, poison: str = ""
+) -> tuple[dict[str, torch.Tensor], str]:
+    """The final state of an uninterrupted clipped run (in a process of its own, hooked as
+    the killed ones are, parking nowhere) and its stderr."""
+    proc = _hooked(out, tokens, placement, POISON_STEPS=poison)
+    stderr = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 0, stderr[-2000:]
+    return _final_state(out), stderr
+
+
+@pytest.fixture(scope="module")
+def clip_references(tmp_path_factory, tokens):
+    """placement -> the uninterrupted clipped run's final state, made on first use."""
+    made: dict[str, dict[str, torch.Tensor]] = {}
+
+    def of(placement: str) -> dict[str, torch.Tensor]:
+        if placement not in made:
+            out = tmp_path_factory.mktemp(f"clip-ref-{placement}") / "run"
+            made[placement] = _clip_reference(out, tokens, placement)[0]
+        return made[placement]
+
+    return of
+
+
+def _kill_parked(
+    out: Path, tokens: str, placement: str, step: int, after: int, poison: str = ""
+) -> Trial:
+    """Start a clipped run, wait until its lane parks in step `step`'s updates (`after` of them
+    started), SIGKILL it there."""
+    trial = Trial(out=out, how=f"kill@s{step}.update{after} ({placement})")
+    park = out.parent / f"{out.name}.parked"
+    proc = _hooked(out, tokens, placement, PARK_STEP=str(step), PARK_AFTER=str(after),
+                   PARK_FILE=str(park), POISON_STEPS=poison)  # fmt: skip
+    parked = _wait_for(proc, park.exists, timeout=300)
+    assert parked, (
+        f"{trial.how}: the run never reached step {step}'s updates:\n{_finish(proc, trial)}"
+    )
+    trial.published_before = (out / "latest").exists()
+    proc.send_signal(signal.SIGKILL)
+    trial.stderr = _finish(proc, trial)
+    trial.hit = _writing(out)  # a background write the kill cut short, if any
+    trial.code = proc.returncode
+    return trial
+
+
+def _check_clip_trial(
+    t: Trial, tokens: str, placement: str, reference: dict[str, torch.Tensor], step: int
+) -> None:
+    """The checkpoints published are those due before `step` (the killed step reached no save);
+    the newest is the last due, or the one before it where the kill cut the last one's
+    background write; it loads, and `--resume` gives the uninterrupted run's state bit for bit."""
+    what = f"{t.how} ({t.out.name}, exit {t.code}, stderr {t.stderr[-300:]!r})"
+    assert t.code == -signal.SIGKILL, what
+    assert "Traceback" not in t.stderr, what
+    due = list(range(2, step, 2))  # --save-every 2
+    published = published_steps(t.out / "checkpoints")
+    assert set(published) <= set(due), what
+    assert published or len(due) < 2, f"{what}: a checkpoint whose write had ended was lost"
+    resume: list[str] = []
+    if published:
+        ckpt = find_checkpoint(t.out)
+        state = json.loads((ckpt / "slide_state.json").read_text())
+        assert state["steps_done"] == max(published) and state["steps_done"] in due[-2:], what
+        assert state["config"]["clip"] == "global", what
+        load_file(str(ckpt / "optimizer.safetensors"))
+        model = AutoModelForCausalLM.from_pretrained(ckpt)  # whole and loadable as HF
+        assert all(torch.isfinite(p).all() for p in model.parameters()), what
+        resume = ["--resume", str(t.out)]
+    argv = [*CLIP_ARGS, *PLACEMENTS[placement], "--data", tokens, "--out", str(t.out), *resume]
+    assert main(argv) == 0, what
+    got = _final_state(t.out)
+    assert got.keys() == reference.keys(), what
+    unequal = [k for k in got if not torch.equal(got[k], reference[k])]
+    assert not unequal, f"{what}: resumed state differs in {unequal[:3]}"
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+@pytest.mark.parametrize(
+    ("step", "after"), [(1, 0), (2, 0), (3, 0), (3, 2), (4, 1), (5, 3)], ids=lambda v: str(v)
+)
+def test_killed_in_a_globally_clipped_steps_updates_resumes_bitwise(
+    tmp_path, tokens, clip_references, single_thread, placement, step, after
+):
+    """Killed once the step's norm is known and `after` of its deferred updates have started
+    (the rest waiting): in the first step, on a save step before its save, just after a save
+    (whose background write the kill may cut), in the last step."""
+    trial = _kill_parked(tmp_path / "run", tokens, placement, step, after)
+    _check_clip_trial(trial, tokens, placement, clip_references(placement), step)
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_a_skipped_step_stays_skipped_across_a_kill_and_resume(
+    tmp_path, tokens, single_thread, placement
+):
+    """Step 2's gradients NaN: global clipping skips it, and Adam's bias correction counts the
+    updates made. Killed in step 5 (after the checkpoint of step 2, maybe of step 4), resumed:
+    the state is the uninterrupted run's bit for bit, so the resume counted step 2 as skipped."""
+    reference, stderr = _clip_reference(tmp_path / "ref" / "run", tokens, placement, poison="2")
+    assert "step 2: the gradient norm is nan: step skipped" in stderr
+    trial = _kill_parked(tmp_path / "run", tokens, placement, 5, 1, poison="2")
+    ckpt = find_checkpoint(trial.out)
+    assert json.loads((ckpt / "slide_state.json").read_text())["skipped_steps"] == [2]
+    _check_clip_trial(trial, tokens, placement, reference, 5)

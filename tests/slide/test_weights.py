@@ -14,7 +14,8 @@ from slide.weights import (
     param_shape,
     save_checkpoint,
 )
-from slide_ir.specs.model import ModelSpec, load_model
+from slide_ir.specs.model import ModelSpec
+from slide_ir.specs.model_catalog import load_model
 
 TINY = {
     "model_type": "qwen3",

@@ -16,7 +16,7 @@ from slide_ir.planning.ledger import unit_params
 from slide_ir.planning.planner import plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine, load_machine_toml, machine_to_toml
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 K = OpKind
 

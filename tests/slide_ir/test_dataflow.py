@@ -8,7 +8,7 @@ from slide_ir import TrainConfig, load_machine
 from slide_ir.ir.graph import Graph, GraphError, GraphInfo, Op, OpKind, Pool, PoolRole, Tier, Value
 from slide_ir.ir.printing import format_graph, parse_graph
 from slide_ir.planning.planner import plan
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 INFO = GraphInfo(schedule="sliding", model="tiny", machine="m", batch=1, seq=8, steps=1,
                  num_layers=2, params=100, flops_per_step=1e9)  # fmt: skip

@@ -22,7 +22,7 @@ from slide_ir.planning.shapes import layer_work, loss_gemms
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine, load_machine_toml, machine_to_toml
 from slide_ir.specs.hardware_parts import default_optimizer_threads, parse_grid, scale_grid
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 H200 = load_machine("h200-16c-128g")
 

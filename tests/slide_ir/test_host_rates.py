@@ -196,7 +196,7 @@ def test_a_tiny_models_host_updates_count_as_fixed_cost_for_the_refit():
     from slide_ir.planning.planner import plan
     from slide_ir.planning.refit import MAX_FIXED_SHARE, fixed_shares
     from slide_ir.specs.config import TrainConfig
-    from slide_ir.specs.model import load_model
+    from slide_ir.specs.model_catalog import load_model
 
     preset = load_machine("h200-16c-128g")
     for model, fixed_bound in (("tiny-llama", True), ("llama-3.1-8b", False)):

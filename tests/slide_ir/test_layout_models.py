@@ -9,7 +9,8 @@ import pytest
 from slide_ir.layouts.cluster import cluster_names, load_cluster
 from slide_ir.layouts.models import load_layout_model, moe_model_names
 from slide_ir.specs import moe
-from slide_ir.specs.model import ModelConfigError, UnknownModelError, load_model, model_names
+from slide_ir.specs.hf_config import ModelConfigError
+from slide_ir.specs.model_catalog import UnknownModelError, load_model, model_names
 
 # Published totals (model cards; DeepSeek's README_WEIGHTS.md): (total, tolerance).
 PUBLISHED = {

@@ -10,14 +10,9 @@ import sys
 
 import pytest
 
-from slide_ir.specs.model import (
-    DTYPE_BYTES,
-    ModelConfigError,
-    ModelSpec,
-    UnknownModelError,
-    load_model,
-    model_names,
-)
+from slide_ir.specs.hf_config import ModelConfigError
+from slide_ir.specs.model import DTYPE_BYTES, ModelSpec
+from slide_ir.specs.model_catalog import UnknownModelError, load_model, model_names
 
 # Totals published for the real checkpoints (sum of safetensors shapes).
 KNOWN_TOTALS = {

@@ -10,7 +10,7 @@ from slide_ir.planning.ledger import build_ledger, unit_params
 from slide_ir.planning.planner import plan, plan_from_json, plan_to_json
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 GB = 1e9
 

@@ -11,7 +11,7 @@ from slide_ir.planning.planner import plan
 from slide_ir.program import Program, ProgramError, next_pass
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 
 def _plan(steps: int, **config: object):  # type: ignore[no-untyped-def]

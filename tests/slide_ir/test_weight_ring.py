@@ -12,7 +12,7 @@ from slide_ir.planning.ledger import WEIGHT_RING_SLOTS, build_ledger, unit_param
 from slide_ir.planning.planner import plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
-from slide_ir.specs.model import load_model
+from slide_ir.specs.model_catalog import load_model
 
 R = PoolRole
 STATE_ROLES = (R.MASTER, R.MOMENTS, R.HOST_WEIGHTS)
