@@ -10,7 +10,10 @@ set -uo pipefail
 source bench/device/h200_env.sh
 OUT=${OUT:?the device runner sets OUT}
 python3 -c "import numpy as np; np.save('/tmp/tok.npy', np.random.default_rng(0).integers(0, 128000, 4_000_000))"
-mkdir -p "$OUT/clip" "$OUT/chat" "$OUT/capacity"
+# the runner brings back only a few files a call: each part writes under /tmp/recipe, tarred at the end
+R=/tmp/recipe
+mkdir -p "$R/clip" "$R/chat" "$R/capacity"
+trap 'tar czf "$OUT/recipe.tgz" -C "$R" .' EXIT
 summary() {  # label, summary JSON file
   python3 -c "import json,sys; t=open(sys.argv[1]).read(); s=json.loads(t[t.index('{'):]); print(sys.argv[2], round(s['tokens_per_s']), s.get('predicted_tokens_per_s'), s.get('step_time_error'), s['placement'], s.get('eval_loss'))" "$2" "$1" || tail -3 "${2%.json}.err"
 }
@@ -25,18 +28,18 @@ for model in ${CLIP_MODELS:-llama-3.2-3b llama-3.1-8b}; do
     label="$model-$mode"
     timeout 150 python3 -m slide.cli train --data /tmp/tok.npy --model "$model" --batch 16 --seq 1024 \
       --steps 10 --no-progress --clip "$mode" --save-trace "/tmp/$label.trace.json" \
-      > "$OUT/clip/$label.json" 2> "$OUT/clip/$label.err"
-    summary "$label" "$OUT/clip/$label.json"; stamp "$label"
+      > "$R/clip/$label.json" 2> "$R/clip/$label.err"
+    summary "$label" "$R/clip/$label.json"; stamp "$label"
   done
 done
-tar czf "$OUT/clip/traces.tgz" -C /tmp $(cd /tmp && ls *.trace.json)
+mv /tmp/*.trace.json "$R/clip/"
 python3 -m bench.chat.make_sft /tmp/sft
 timeout 200 python3 -m slide.cli train --model llama-3.2-1b --data /tmp/sft/train.jsonl \
   --tokenizer /tmp/sft/tokenizer --eval-data /tmp/sft/eval.jsonl --eval-every 25 --eval-batches 4 \
   --packing documents --clip global --steps 300 --batch 8 --seq 256 --lr 3e-4 --warmup-steps 20 \
-  --tensorboard "$OUT/chat/tb" --metrics "$OUT/chat/metrics.jsonl" --no-progress \
-  > "$OUT/chat/summary.json" 2> "$OUT/chat/err.txt"
-summary chat "$OUT/chat/summary.json"; stamp chat
+  --tensorboard "$R/chat/tb" --metrics "$R/chat/metrics.jsonl" --no-progress \
+  > "$R/chat/summary.json" 2> "$R/chat/err.txt"
+summary chat "$R/chat/summary.json"; stamp chat
 LAYERS=${LAYERS:-90}
 python3 - "$LAYERS" <<'PY'
 import json, sys
@@ -47,14 +50,14 @@ cfg["num_hidden_layers"] = int(sys.argv[1])
 Path("/tmp/big").mkdir(exist_ok=True)
 Path("/tmp/big/config.json").write_text(json.dumps(cfg))
 PY
-python3 -m slide.cli plan --model /tmp/big --moments bf16 --batch 4 --seq 1024 --json > "$OUT/capacity/plan.json" 2> "$OUT/capacity/plan.err"
-python3 -c "import json; p=json.load(open('$OUT/capacity/plan.json')); print('ledger feasible', p['feasible'], p['placement']['chosen'], {t: round(m['peak_bytes'] / 2**30, 2) for t, m in p['memory'].items()})" || tail -3 "$OUT/capacity/plan.err"
+python3 -m slide.cli plan --model /tmp/big --moments bf16 --batch 4 --seq 1024 --json > "$R/capacity/plan.json" 2> "$R/capacity/plan.err"
+python3 -c "import json; p=json.load(open('$R/capacity/plan.json')); print('ledger feasible', p['feasible'], p['placement']['chosen'], {t: round(m['peak_bytes'] / 2**30, 2) for t, m in p['memory'].items()})" || tail -3 "$R/capacity/plan.err"
 df -h /tmp | tail -1
 peak timeout 240 python3 -m slide.cli train --model /tmp/big --moments bf16 --batch 4 --seq 1024 \
-  --steps 5 --data /tmp/tok.npy --no-progress --no-replan > "$OUT/capacity/summary.json" 2> "$OUT/capacity/err.txt"
-summary capacity "$OUT/capacity/summary.json"; grep -E "^peak_" "$OUT/capacity/err.txt"; du -sh ~/.cache/slide 2>/dev/null; stamp capacity
+  --steps 5 --data /tmp/tok.npy --no-progress --no-replan > "$R/capacity/summary.json" 2> "$R/capacity/err.txt"
+summary capacity "$R/capacity/summary.json"; grep -E "^peak_" "$R/capacity/err.txt"; du -sh ~/.cache/slide 2>/dev/null; stamp capacity
 for hw in auto cast; do
   peak timeout 150 python3 -m slide.cli train --model qwen2.5-14b --batch 16 --seq 1024 --steps 6 \
-    --data /tmp/tok.npy --no-progress --no-replan --host-weights $hw > "$OUT/capacity/14b-$hw.json" 2> "$OUT/capacity/14b-$hw.err"
-  summary "14b-$hw" "$OUT/capacity/14b-$hw.json"; grep -E "^peak_" "$OUT/capacity/14b-$hw.err"; stamp "14b-$hw"
+    --data /tmp/tok.npy --no-progress --no-replan --host-weights $hw > "$R/capacity/14b-$hw.json" 2> "$R/capacity/14b-$hw.err"
+  summary "14b-$hw" "$R/capacity/14b-$hw.json"; grep -E "^peak_" "$R/capacity/14b-$hw.err"; stamp "14b-$hw"
 done
