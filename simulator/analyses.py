@@ -60,9 +60,13 @@ def critical_batch(
 
     `ignore_memory` simulates batches whose plan overflows a tier as if it fitted: eta is a ratio
     of per-layer costs and does not depend on how much memory there is, so this answers "where
-    is the crossover" even when the GPU cannot hold that batch.
+    is the crossover" even when the GPU cannot hold that batch. Memory ignored, the host weights
+    keep their pinned copy (`host_weights="auto"` would cast them where nothing fits, the
+    smaller footprint, which the question does not need).
     """
     spec, mach = resolve_model(model), resolve_machine(machine)
+    if ignore_memory and config.host_weights == "auto":
+        config = replace(config, host_weights="pinned")
     points: dict[int, Row] = {}
 
     def row(batch: int) -> Row:
