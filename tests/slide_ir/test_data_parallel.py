@@ -27,11 +27,6 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def pc():
-    return load_machine("paper-pc-4090")
-
-
-@pytest.fixture(scope="module")
 def h200():
     return load_machine("h200-16c-128g")
 

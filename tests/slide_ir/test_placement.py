@@ -38,11 +38,6 @@ def h200():
     return load_machine("h200-16c-128g")
 
 
-@pytest.fixture(scope="module")
-def pc():
-    return load_machine("paper-pc-4090")
-
-
 def _search(model, machine, config):
     return _Search(model, machine, config, partial(build_graph, model, machine))
 

@@ -15,16 +15,6 @@ from slide_ir.specs.model_catalog import load_model
 GB = 1e9
 
 
-@pytest.fixture(scope="module")
-def llama8b():
-    return load_model("llama-3.1-8b")
-
-
-@pytest.fixture(scope="module")
-def pc():
-    return load_machine("paper-pc-4090")
-
-
 def test_sliding_cpu_ram_holds_master_and_moments(llama8b, pc):
     p = plan(llama8b, pc, TrainConfig(batch=16, seq=1024, placement="small"))
     n_all = llama8b.total_params

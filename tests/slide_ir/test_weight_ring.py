@@ -31,16 +31,6 @@ HAND = {
 }
 
 
-@pytest.fixture(scope="module")
-def llama8b():
-    return load_model("llama-3.1-8b")
-
-
-@pytest.fixture(scope="module")
-def pc():
-    return load_machine("paper-pc-4090")
-
-
 def _config(**kw: object) -> TrainConfig:
     return TrainConfig(batch=1, seq=1024, activations="cpu", **kw)  # type: ignore[arg-type]
 

@@ -11,11 +11,6 @@ from slide_ir.planning.planner import plan
 from slide_ir.planning.zero_offload import BUCKET_POOL, WHOLE_POOL, grad_buckets
 
 
-@pytest.fixture(scope="module")
-def llama8b():
-    return load_model("llama-3.1-8b")
-
-
 def test_buckets_of_8b_at_deepspeeds_default_size(llama8b):
     """5e8 elements hold two 218M-parameter layers; the 525M embedding and LM head exceed a
     bucket and go down alone, as DeepSpeed's extra-large parameters."""
