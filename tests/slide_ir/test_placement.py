@@ -3,7 +3,6 @@ together; what it considers, what it refuses, and that its plans re-plan to them
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from functools import partial
 
@@ -291,11 +290,14 @@ def test_the_resolved_config_re_plans_to_the_same_plan(h200):
 
 
 def test_planning_stays_interactive(h200):
-    """Plan + simulate well under a second (the search is most of it)."""
+    """The search times a few dozen candidates, not every placement (a timed step costs ~15 ms,
+    so this keeps plan + simulate under a second; CI's shared cores make a wall-clock bound
+    flaky, so the bound is on the work)."""
     model = load_model("llama-3.1-8b")
-    start = time.perf_counter()
-    plan(model, h200, TrainConfig(batch=16, seq=1024))
-    assert time.perf_counter() - start < 1.5
+    p = plan(model, h200, TrainConfig(batch=16, seq=1024))
+    every = (model.num_layers + 1) ** 2  # resident x streamed counts alone, before depths
+    assert p.choice.how == "searched"
+    assert 0 < len(p.choice.considered) <= 64 < every
 
 
 # -- the one-dimensional searches -----------------------------------------------------------------
