@@ -192,12 +192,14 @@ def update_host(
     out: torch.Tensor | None,
     hp: StepHp,
     scratch: HostScratch,
+    saved: OptState | None = None,
 ) -> None:
     """AdamW on the host for one unit: `grad` (any float dtype) -> master/moments in `parts`,
     new weights cast into `out` (the compute-dtype copy the next upload reads; None: the unit
-    has none, its uploads cast from the master)."""
+    has none, its uploads cast from the master). `saved`: a speculative update's rollback
+    slot, which gets the state as it was (the state is then in RAM: one part)."""
     if host_adam.kernel() is None:
-        update_host_torch(layout, grad, parts, out, hp, scratch)
+        update_host_torch(layout, grad, parts, out, hp, scratch, saved)
         return
     coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks)
     scale = hp.grad_scale if hp.grad_scale is not None else 1.0 if coef is None else float(coef)
@@ -216,6 +218,7 @@ def update_host(
             eps=c.eps,
             weight_decay=c.weight_decay if decay else 0.0,
             grad_scale=scale,
+            saved=None if saved is None else _slice(saved, lo, hi),
         )
 
 
@@ -226,6 +229,7 @@ def update_host_torch(
     out: torch.Tensor | None,
     hp: StepHp,
     scratch: HostScratch,
+    saved: OptState | None = None,
 ) -> None:
     """`update_host` with torch's fused AdamW over `CHUNK`-element chunks (the fallback, and the
     baseline bench/host/host_adam.py times)."""
@@ -242,6 +246,8 @@ def update_host_torch(
             g.mul_(coef)
         a, b = lo - part.lo, hi - part.lo
         master, m, v = st.master[a:b], st.m[a:b], st.v[a:b]
+        if saved is not None:
+            restore(_slice(saved, lo, hi), OptState(master=master, m=m, v=v))
         if scratch.m is not None and scratch.v is not None:  # BF16 moments: update in FP32
             m32, v32 = scratch.m[:n].copy_(m), scratch.v[:n].copy_(v)
             _fused(master, g, m32, v32, scratch.step, hp, decay)
@@ -251,6 +257,17 @@ def update_host_torch(
             _fused(master, g, m, v, scratch.step, hp, decay)
         if out is not None:
             out[lo:hi].copy_(master)
+
+
+def _slice(state: OptState, lo: int, hi: int) -> OptState:
+    return OptState(master=state.master[lo:hi], m=state.m[lo:hi], v=state.v[lo:hi])
+
+
+def restore(dst: OptState, src: OptState) -> None:
+    """Copy master and moments `src` into `dst` (a rollback, or saving the state for one)."""
+    dst.master.copy_(src.master)
+    dst.m.copy_(src.m)
+    dst.v.copy_(src.v)
 
 
 def update_device(

@@ -37,7 +37,7 @@ NOT_ALLOCATED = frozenset({R.ACCOUNTING, R.WORKSPACE, R.TAPE, R.NVME_HIDDEN, R.N
 # roles whose pools hold units side by side or one per slot: an op's value there is the unit's
 UNIT_KEYS = {R.HOST_WEIGHTS: "bf16", R.MASTER: "master", R.MOMENTS: "moments",
              R.GRAD_ACCUM: "accum", R.GRAD_LANDING: "landing", R.RESIDENT: "gpu",
-             R.DEVICE_WEIGHTS: "gpu", R.DEVICE_GRADS: "gpu"}  # fmt: skip
+             R.DEVICE_WEIGHTS: "gpu", R.DEVICE_GRADS: "gpu", R.ROLLBACK: "rollback"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,6 +122,12 @@ class Buffers:
     def unit_at(self, v: Value, unit: int) -> GpuUnit:
         """The device weights + grads that value `v` (a unit's `w` or `g`) lives in."""
         return self.gpu_unit(self.key(v, unit))
+
+    def state_at(self, v: Value, unit: int) -> OptState:
+        """The master and moments value `v` (a speculated unit's rollback copy) lives in."""
+        item = self.items[self.key(v, unit)]
+        assert isinstance(item, OptState), v
+        return item
 
     def tokens(self, v: Value) -> Tokens:
         item = self.items[v.slot]
@@ -290,6 +296,18 @@ class _Allocator:
         for key in pool.slot_ids():
             self.put(pool, key, self.host(pool, numel, torch.float32).zero_(), 4 * numel)
 
+    def rollback(self, pool: Pool) -> None:
+        """Per speculated unit, its master and moments as they were before the step's
+        speculative update (`rollback.{u}`), written by that update."""
+        s = self.s
+        for unit in pool.units:
+            numel = self.numel(unit)
+            state = OptState(master=self.host(pool, numel, torch.float32),
+                             m=self.host(pool, numel, s.moments_dtype),
+                             v=self.host(pool, numel, s.moments_dtype))  # fmt: skip
+            nbytes = numel * (4 + 2 * s.moments_dtype.itemsize)
+            self.put(pool, f"{UNIT_KEYS[pool.role]}.{unit}", state, nbytes)
+
     def opt_staging(self, pool: Pool) -> None:
         """The host staging ring of NVMe optimizer-state stripes, as raw bytes that
         `nvme.stripe_state` views as master / m / v."""
@@ -322,6 +340,7 @@ ALLOCATORS: dict[PoolRole, Callable[[_Allocator, Pool], None]] = {
     R.OPT_STAGING: _Allocator.opt_staging,
     R.GRAD_NORMS: _Allocator.fp32_slots,
     R.GRAD_SCALE: _Allocator.fp32_slots,
+    R.ROLLBACK: _Allocator.rollback,
 }
 
 

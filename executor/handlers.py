@@ -11,7 +11,9 @@ Copies are `non_blocking` on the lane's stream (CUDA) and plain synchronous copi
     GRAD_ACCUM reads (landed grads)     writes (accumulator, += after the first micro-batch)
     ADAM       by role: landed grads, the accumulator, state in RAM or NVMe staging stripes,
                global clipping's scale; writes the state it read (and the pinned weights,
-               where the unit's uploads are not cast)
+               where the unit's uploads are not cast; a speculative one the rollback copy)
+    REDO       by role: landed grads or the accumulator, the scale, the rollback copy; writes
+               the state (and the pinned weights) back when the step clips or is skipped
     GRAD_NORM, NORM   global clipping (`clipping`)
     NVME_READ / NVME_WRITE   reads (src)  writes (dst): activations, or a state stripe
 """
@@ -131,8 +133,35 @@ def adam_host(env: Env, lane: LaneState, op: Op) -> None:
     parts = env.host_parts(u, staging)
     copies = _role(env, op.writes, R.HOST_WEIGHTS)  # none where the uploads cast
     dst = env.buffers.of(copies[0], u) if copies else None
+    rollback = _role(env, op.writes, R.ROLLBACK)  # a speculative update saves the state first
+    saved = env.buffers.state_at(rollback[0], u) if rollback else None
     hp = env.hp(op.step, lane.lane, scale)
-    adam.update_host(env.shards[u], grad, parts, dst, hp, lane.scratch)
+    adam.update_host(env.shards[u], grad, parts, dst, hp, lane.scratch, saved)
+
+
+def redo(env: Env, lane: LaneState, op: Op) -> None:
+    """Global clipping's validation of a speculative update: the state restored from its
+    rollback copy when the step is skipped or clipped, and in a clipped one updated again from
+    there with the scale; nothing when the scale is 1 (the speculation was the update)."""
+    u = op.unit
+    runs, scale = env.update_scale(op)
+    if runs and scale == 1.0:
+        return
+    (saved,) = _role(env, op.reads, R.ROLLBACK)
+    state = env.host_state(u)
+    adam.restore(state, env.buffers.state_at(saved, u))
+    copies = _role(env, op.writes, R.HOST_WEIGHTS)
+    dst = env.buffers.of(copies[0], u) if copies else None
+    if not runs:  # skipped: the state as it was, and the weights the next upload reads
+        if dst is not None:
+            dst.copy_(state.master)
+        return
+    landed = _role(env, op.reads, R.GRAD_LANDING) or _role(env, op.reads, R.GRAD_ACCUM)
+    grad = _on_host(env, landed[0], u)
+    assert lane.scratch is not None, "the cpu lane owns the optimizer scratch"
+    parts = env.host_parts(u, ())
+    adam.update_host(env.shards[u], grad, parts, dst, env.hp(op.step, lane.lane, scale),
+                     lane.scratch)  # fmt: skip
 
 
 # -- NVMe lanes ----------------------------------------------------------------------------------
@@ -181,6 +210,7 @@ HANDLERS: dict[OpKind, Handler] = {
     OpKind.H2D_PARAM: h2d_param,
     OpKind.D2H_GRAD: d2h_grad,
     OpKind.ADAM: adam_host,
+    OpKind.REDO: redo,
     OpKind.GPU_ADAM: compute.gpu_adam,
     OpKind.OPT_H2D: opt_h2d,
     OpKind.OPT_D2H: opt_d2h,

@@ -38,8 +38,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from executor.buffers import OptState
 
 log = logging.getLogger(__name__)
 
@@ -197,12 +201,15 @@ def adamw_(
     eps: float,
     weight_decay: float,
     grad_scale: float = 1.0,
+    saved: OptState | None = None,
 ) -> None:
     """One AdamW step over equal-length 1-D tensors, in place (needs `kernel()` not None);
-    `out` None: no compute-dtype copy written."""
+    `out` None: no compute-dtype copy written; `saved`: gets master, m and v as they were."""
     op = kernel()
     assert op is not None, "host AdamW kernel unavailable; check kernel() first"
-    op(grad, master, m, v, out, step, lr, betas[0], betas[1], eps, weight_decay, grad_scale)
+    keep = (None, None, None) if saved is None else (saved.master, saved.m, saved.v)
+    op(grad, master, m, v, out, step, lr, betas[0], betas[1], eps, weight_decay, grad_scale,
+       *keep)  # fmt: skip
 
 
 def sumsq(t: torch.Tensor) -> float | None:

@@ -3,7 +3,8 @@
 // (FP32 or BF16), write master, moments and the compute-dtype copy the next upload reads (none
 // where `out` is absent: a unit whose upload is cast from the master later). Each byte is touched
 // once, so the op runs at the host's memory bandwidth (28 B/element with FP32 moments and a BF16
-// gradient and copy, 20 B with BF16 moments, 2 B less without the copy).
+// gradient and copy, 20 B with BF16 moments, 2 B less without the copy). A speculative update
+// also writes the state as it was into `saved_*` on the way (global clipping's rollback).
 //
 // The arithmetic is torch's fused CPU AdamW (aten/src/ATen/native/cpu/FusedAdamKernel.cpp,
 // ADAMW mode, vector body as GCC builds it) written out per element: coefficients in double,
@@ -88,12 +89,26 @@ inline void store(c10::BFloat16* dst, float f) {
 struct NoOut {};
 inline void store(NoOut*, float) {}
 
+// The state before the update, written on the way when a speculative update saves it for a
+// rollback (12 B/element more with FP32 moments); null pointers otherwise.
+template <typename M>
+struct Saved {
+  float* p = nullptr;
+  M* m = nullptr;
+  M* v = nullptr;
+};
+
 // kLowWeight: w < 0.5, lerp as m + w * (g - m); else g + (w - 1) * (g - m) (as at::vec lerp).
-template <bool kLowWeight, typename G, typename M, typename O>
+template <bool kLowWeight, bool kSave, typename G, typename M, typename O>
 void update_range(const G* __restrict g, float* __restrict p, M* __restrict m,
-                  M* __restrict v, O* __restrict out, int64_t n, Coefs c) {
+                  M* __restrict v, O* __restrict out, Saved<M> saved, int64_t n, Coefs c) {
   const float wc = kLowWeight ? c.w : c.w - 1.0f;
   for (int64_t i = 0; i < n; ++i) {
+    if constexpr (kSave) {
+      saved.p[i] = p[i];
+      saved.m[i] = m[i];
+      saved.v[i] = v[i];
+    }
     const float gi = load(g[i]) * c.scale;
     const float pi = p[i] * c.decay;
     const float mi0 = load(m[i]);
@@ -108,35 +123,46 @@ void update_range(const G* __restrict g, float* __restrict p, M* __restrict m,
   }
 }
 
+template <bool kSave, typename G, typename M, typename O>
+void run_blocks(const G* gp, float* pp, M* mp, M* vp, O* op, Saved<M> saved, int64_t n,
+                const Coefs& c, bool low_weight) {
+  parallel_blocks(n, [&](int64_t lo, int64_t hi) {
+    O* o = op ? op + lo : nullptr;
+    Saved<M> s = saved;
+    if constexpr (kSave) s = Saved<M>{saved.p + lo, saved.m + lo, saved.v + lo};
+    if (low_weight) {
+      update_range<true, kSave>(gp + lo, pp + lo, mp + lo, vp + lo, o, s, hi - lo, c);
+    } else {
+      update_range<false, kSave>(gp + lo, pp + lo, mp + lo, vp + lo, o, s, hi - lo, c);
+    }
+  });
+}
+
 template <typename G, typename M, typename O>
 void run(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
          const at::Tensor& v, const std::optional<at::Tensor>& out, const Coefs& c,
-         bool low_weight) {
+         bool low_weight, const at::Tensor* saved) {
   const G* gp = grad.const_data_ptr<G>();
   float* pp = master.data_ptr<float>();
   M* mp = m.data_ptr<M>();
   M* vp = v.data_ptr<M>();
   O* op = nullptr;
   if constexpr (!std::is_same_v<O, NoOut>) op = out->data_ptr<O>();
-  parallel_blocks(master.numel(), [&](int64_t lo, int64_t hi) {
-    O* o = op ? op + lo : nullptr;
-    if (low_weight) {
-      update_range<true>(gp + lo, pp + lo, mp + lo, vp + lo, o, hi - lo, c);
-    } else {
-      update_range<false>(gp + lo, pp + lo, mp + lo, vp + lo, o, hi - lo, c);
-    }
-  });
+  const int64_t n = master.numel();
+  if (saved == nullptr) return run_blocks<false>(gp, pp, mp, vp, op, Saved<M>{}, n, c, low_weight);
+  const Saved<M> to{saved[0].data_ptr<float>(), saved[1].data_ptr<M>(), saved[2].data_ptr<M>()};
+  run_blocks<true>(gp, pp, mp, vp, op, to, n, c, low_weight);
 }
 
 template <typename G, typename M>
 void dispatch_out(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
                   const at::Tensor& v, const std::optional<at::Tensor>& out, const Coefs& c,
-                  bool low) {
-  if (!out.has_value()) return run<G, M, NoOut>(grad, master, m, v, out, c, low);
+                  bool low, const at::Tensor* saved) {
+  if (!out.has_value()) return run<G, M, NoOut>(grad, master, m, v, out, c, low, saved);
   switch (out->scalar_type()) {
-    case at::kFloat: return run<G, M, float>(grad, master, m, v, out, c, low);
-    case at::kBFloat16: return run<G, M, c10::BFloat16>(grad, master, m, v, out, c, low);
-    case at::kHalf: return run<G, M, c10::Half>(grad, master, m, v, out, c, low);
+    case at::kFloat: return run<G, M, float>(grad, master, m, v, out, c, low, saved);
+    case at::kBFloat16: return run<G, M, c10::BFloat16>(grad, master, m, v, out, c, low, saved);
+    case at::kHalf: return run<G, M, c10::Half>(grad, master, m, v, out, c, low, saved);
     default: TORCH_CHECK(false, "host_adam: out must be float32, bfloat16 or float16");
   }
 }
@@ -144,22 +170,42 @@ void dispatch_out(const at::Tensor& grad, const at::Tensor& master, const at::Te
 template <typename G>
 void dispatch_moments(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
                       const at::Tensor& v, const std::optional<at::Tensor>& out, const Coefs& c,
-                      bool low) {
+                      bool low, const at::Tensor* saved) {
   switch (m.scalar_type()) {
-    case at::kFloat: return dispatch_out<G, float>(grad, master, m, v, out, c, low);
-    case at::kBFloat16: return dispatch_out<G, c10::BFloat16>(grad, master, m, v, out, c, low);
+    case at::kFloat: return dispatch_out<G, float>(grad, master, m, v, out, c, low, saved);
+    case at::kBFloat16:
+      return dispatch_out<G, c10::BFloat16>(grad, master, m, v, out, c, low, saved);
     default: TORCH_CHECK(false, "host_adam: moments must be float32 or bfloat16");
   }
 }
 
 void adamw_(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& m,
             const at::Tensor& v, const std::optional<at::Tensor>& out, int64_t step, double lr,
-            double beta1, double beta2, double eps, double weight_decay, double grad_scale) {
+            double beta1, double beta2, double eps, double weight_decay, double grad_scale,
+            const std::optional<at::Tensor>& saved_master,
+            const std::optional<at::Tensor>& saved_m, const std::optional<at::Tensor>& saved_v) {
   const int64_t n = master.numel();
   for (const at::Tensor* t : {&grad, &master, &m, &v, out ? &*out : &master}) {
     TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->numel() == n,
                 "host_adam: every tensor must be a contiguous CPU tensor of ", n, " elements");
   }
+  const bool save = saved_master.has_value();
+  TORCH_CHECK(save == saved_m.has_value() && save == saved_v.has_value(),
+              "host_adam: the saved state is master, m and v, all or none");
+  at::Tensor saved_state[3];
+  if (save) {
+    saved_state[0] = *saved_master;
+    saved_state[1] = *saved_m;
+    saved_state[2] = *saved_v;
+    for (int k = 0; k < 3; ++k) {
+      const at::Tensor& t = saved_state[k];
+      const at::Tensor& like = k == 0 ? master : m;
+      TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.numel() == n &&
+                      t.scalar_type() == like.scalar_type(),
+                  "host_adam: the saved state must be contiguous CPU tensors like the state");
+    }
+  }
+  const at::Tensor* saved = save ? saved_state : nullptr;
   TORCH_CHECK(master.scalar_type() == at::kFloat, "host_adam: master must be float32");
   TORCH_CHECK(m.scalar_type() == v.scalar_type(), "host_adam: m and v differ in dtype");
   TORCH_CHECK(step >= 1, "host_adam: step must be >= 1");
@@ -178,9 +224,10 @@ void adamw_(const at::Tensor& grad, const at::Tensor& master, const at::Tensor& 
   };
   const bool low = std::abs(c.w) < 0.5f;
   switch (grad.scalar_type()) {
-    case at::kFloat: return dispatch_moments<float>(grad, master, m, v, out, c, low);
-    case at::kBFloat16: return dispatch_moments<c10::BFloat16>(grad, master, m, v, out, c, low);
-    case at::kHalf: return dispatch_moments<c10::Half>(grad, master, m, v, out, c, low);
+    case at::kFloat: return dispatch_moments<float>(grad, master, m, v, out, c, low, saved);
+    case at::kBFloat16:
+      return dispatch_moments<c10::BFloat16>(grad, master, m, v, out, c, low, saved);
+    case at::kHalf: return dispatch_moments<c10::Half>(grad, master, m, v, out, c, low, saved);
     default: TORCH_CHECK(false, "host_adam: grad must be float32, bfloat16 or float16");
   }
 }
@@ -234,7 +281,8 @@ TORCH_LIBRARY(slide_host_adam, lib) {
   lib.def(
       "adamw_(Tensor grad, Tensor(a!) master, Tensor(b!) m, Tensor(c!) v, Tensor(d!)? out, "
       "int step, float lr, float beta1, float beta2, float eps, float weight_decay, "
-      "float grad_scale) -> ()");
+      "float grad_scale, Tensor(e!)? saved_master=None, Tensor(f!)? saved_m=None, "
+      "Tensor(g!)? saved_v=None) -> ()");
   lib.def("sumsq(Tensor grad) -> float");
 }
 

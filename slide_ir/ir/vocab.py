@@ -23,7 +23,9 @@ class OpKind(StrEnum):
     GPU_ADAM (g, state) -> (w, state); OPT_H2D (master, moments) -> (state); OPT_D2H the
     reverse; GRAD_ACCUM (landed g) -> (accumulator); ADAM reads the landed g, the accumulator
     and the state (RAM or NVMe staging) and writes the state and the pinned w (a unit whose
-    upload is cast from the master has none), told apart by their pools' roles; every other
+    upload is cast from the master has none), and a speculative one the rollback copy, told
+    apart by their pools' roles; REDO reads the landed g or accumulator, the scale and the
+    rollback copy and writes the state and the pinned w; every other
     kind is a copy (src) -> (dst)."""
 
     FWD = "fwd"  # forward of one layer on the GPU
@@ -46,6 +48,11 @@ class OpKind(StrEnum):
     # whole: the GPU for device-updated units, the landed copy on the host for the others)
     GRAD_NORM = "grad_norm"
     NORM = "norm"  # the step's global norm from every unit's: the clip scale and finiteness
+    # global clipping's validation of a speculative ADAM (one that wrote its unit's state before
+    # the norm was known, saving the old state first): after NORM, nothing in a step that needs
+    # no clipping; else the saved state restored and, in a clipped step, the update redone
+    # with the scale (`slide_ir.planning.speculation`)
+    REDO = "redo"
     ACT_SAVE = "act_save"  # copy a layer's input activation GPU -> CPU (d2h lane)
     ACT_LOAD = "act_load"  # copy it back CPU -> GPU ahead of the layer's recompute (h2d lane)
     NVME_READ = "nvme_read"  # read optimizer state or activations from NVMe
@@ -93,6 +100,7 @@ class PoolRole(StrEnum):
     OPT_STAGING = "opt_staging"  # RAM staging of the NVMe optimizer-state stripes
     GRAD_NORMS = "grad_norms"  # a unit's per-parameter gradient norms (FP32, pinned)
     GRAD_SCALE = "grad_scale"  # the step's clip scale and global norm (FP32, pinned)
+    ROLLBACK = "rollback"  # a speculated unit's master and moments before its update, in RAM
 
 
 class Dtype(StrEnum):

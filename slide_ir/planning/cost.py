@@ -52,8 +52,9 @@ shaped like `slide_ir.specs.hardware.Machine` works.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slide_ir.ir.graph import Op, OpKind, Work
@@ -114,8 +115,8 @@ class _Rates:
 class CostModel:
     """(op) -> seconds for one machine. Stateless after construction."""
 
-    __slots__ = ("efficiency", "host", "lce_factor", "machine", "nproc", "rates", "shapes",
-                 "threads")  # fmt: skip
+    __slots__ = ("efficiency", "host", "lce_factor", "machine", "nproc", "rates",
+                 "rolled_back", "shapes", "threads")  # fmt: skip
 
     def __init__(
         self,
@@ -141,6 +142,15 @@ class CostModel:
         self.shapes = ShapeRates(machine.gpu, matmul=r.flops, attention=r.attention, hbm=r.hbm)
         self.host = HostCurves(machine, cpu_threads or machine.cpu.cores)
         self.lce_factor = self._lce_factor()
+        # the outcome of global clipping's conditional work priced: False, a step that needs no
+        # clipping (every `REDO` finds nothing to do); True, one that rolls back
+        self.rolled_back = False
+
+    def rolling_back(self) -> CostModel:
+        """These costs for a step that global clipping rolls back: every `REDO` runs."""
+        other = copy.copy(self)
+        other.rolled_back = True
+        return other
 
     def seconds(self, op: Op) -> float:
         return self.efficiency.launch_s + max(HANDLERS[op.kind](self, op), self.floor(op))
@@ -328,6 +338,12 @@ def _cast(cm: CostModel, op: Op) -> float:
     return op.work.elements / cm.rates.cast
 
 
+def _redo(cm: CostModel, op: Op) -> float:
+    """Nothing but its check in a step that keeps its speculative updates; else a pass over the
+    unit as the update's, its work counting the saved state restored too."""
+    return _host(cm, replace(op, kind=OpKind.ADAM)) if cm.rolled_back else 0.0
+
+
 def _grad_accum(cm: CostModel, op: Op) -> float:
     return op.work.bytes / cm.rates.dram
 
@@ -405,6 +421,7 @@ HANDLERS: Mapping[OpKind, Handler] = {
     OpKind.GRAD_ACCUM: _grad_accum,
     OpKind.GRAD_NORM: _grad_norm,
     OpKind.NORM: _norm,
+    OpKind.REDO: _redo,
     OpKind.ALL_REDUCE: _collective,
     OpKind.REDUCE_SCATTER: _collective,
     OpKind.ALL_GATHER: _collective,

@@ -10,6 +10,13 @@ them) into the scale and the global norm, and only then do the updates run, in u
 0..n+1: the next step's forward needs its units in that order, so the host updates overlap the
 next forward instead of the backward, and each host-updated gradient keeps its landing buffer
 until its update (`ledger.landing_buffers`).
+
+A speculated unit (`Ctx.speculated`, chosen by `speculation`) updates as its gradient lands, as
+without clipping, saving its old state into its rollback slot on the way; after `NORM` its
+`REDO` validates it: nothing to do in a step that needs no clipping (the scale is exactly 1,
+so the speculative update was the exact one), else the old state is restored and, unless the
+step is skipped, the update redone with the scale. The gradient stays in its landing buffer
+(or the accumulator) until then.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from collections.abc import Callable
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work, slot_id
 from slide_ir.planning.ledger import BF16, FP32
-from slide_ir.planning.schedules import Ctx
+from slide_ir.planning.schedules import Ctx, adam_work
 
 K = OpKind
 R = PoolRole
@@ -43,9 +50,9 @@ class DeferredUpdates:
     def grad_norm(
         self, unit: int, lane: str, deps: list[str], grads: Value | None, *,
         accumulator: bool = False, release: tuple[str, ...] = (),
-    ) -> None:  # fmt: skip
+    ) -> str:  # fmt: skip
         """The unit's per-parameter norms from `grads`; with `accumulator` the landed gradient
-        is first added into the unit's FP32 accumulator and the norms are the sum's."""
+        is first added into the unit's FP32 accumulator and the norms are the sum's. Its op id."""
         ctx = self.ctx
         op_id = ctx.sid(self.step, unit, "g.norm")
         p = ctx.params(unit)
@@ -57,8 +64,11 @@ class DeferredUpdates:
                    writes=[acc and ctx.at(acc.name, acc.slot, accumulate=True),
                            ctx.home(R.GRAD_NORMS, unit, "norms")])  # fmt: skip
         self.norms.append(op_id)
+        return op_id
 
     def defer(self, unit: int, update: Update) -> None:
+        """`update` (the unit's update, or the validation of its speculative one) runs after
+        `NORM`."""
         self.pending[unit] = update
 
     def flush(self) -> None:
@@ -72,3 +82,22 @@ class DeferredUpdates:
                    writes=[self.scale()])  # fmt: skip
         for unit in sorted(self.pending):
             ctx.last_update[unit] = self.pending[unit]([norm], self.scale())
+
+
+def redo(
+    ctx: Ctx, step: int, unit: int, deps: list[str], *,
+    grads: Value | None, scale: Value | None, release: tuple[str, ...],
+) -> str:  # fmt: skip
+    """The `REDO` of a speculated unit's update; its op id. Its work is what it costs when
+    the step rolls back: the update's pass plus the saved state read and written back."""
+    op_id = ctx.sid(step, unit, "redo")
+    saved = FP32 + ctx.config.moment_bytes
+    work = adam_work(ctx, unit, saved=2 * saved)
+    acc = ctx.home(R.GRAD_ACCUM, unit, "gacc") if ctx.config.grad_accum > 1 else None
+    copy = None if unit in ctx.cast else ctx.home(R.HOST_WEIGHTS, unit, "w")
+    state = [ctx.home(R.MASTER, unit, "master"), ctx.home(R.MOMENTS, unit, "moments")]
+    ctx.b.emit(op_id, K.REDO, "cpu", step=step, unit=unit, work=work, deps=deps,
+               release=release, reads=[grads, acc, scale, ctx.home(R.ROLLBACK, unit, "rollback")],
+               writes=[copy, *state])  # fmt: skip
+    ctx.last_update[unit] = op_id
+    return op_id

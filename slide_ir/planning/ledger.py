@@ -460,6 +460,7 @@ def _sliding_terms(
     _grad_accum_terms(terms, model, config, sliding)
     _global_clip_terms(terms, model, config)
     _optimizer_terms(terms, model, config, host_updated, drives)
+    _rollback_terms(terms, model, config, host_updated)
     _optimizer_terms(terms, model, config, list(streamed), drives, pinned=True)
     _host_terms(terms)
 
@@ -526,6 +527,28 @@ def _global_clip_terms(terms: _Terms, model: ModelSpec, config: TrainConfig) -> 
                     "gradient norms per parameter (fp32)", role=R.GRAD_NORMS)  # fmt: skip
     terms.add("pinned_grad_scale", Tier.PINNED, 1, 2 * FP32, "clip scale and global norm",
               "2 x 4 B", static=True, role=R.GRAD_SCALE)  # fmt: skip
+
+
+def speculated_units(model: ModelSpec, config: TrainConfig, host_updated: list[int]) -> list[int]:
+    """The host-updated units whose updates speculate (`TrainConfig.speculate`): the first
+    `config.speculated` to land, head first and the embedding last, as the backward lands
+    them. Only with the state in RAM (a rollback of NVMe stripes would cost a drive pass)."""
+    if config.optimizer != "cpu":
+        return []
+    landing = [u for u in sorted(host_updated, reverse=True) if unit_params(model, u)]
+    return landing[: config.speculated]
+
+
+def _rollback_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, host_updated: list[int]
+) -> None:
+    """A speculated unit's master and moments as they were before its update, kept until the
+    norm validates it (`slide_ir.planning.speculation`)."""
+    units = speculated_units(model, config, host_updated)
+    for group, members in _unit_groups(model, units):
+        terms.add_group(f"rollback_{group}", Tier.CPU, members, unit_params(model, members[0]),
+                        FP32 + config.moment_bytes, "state before a speculative update",
+                        role=R.ROLLBACK)  # fmt: skip
 
 
 def landing_buffers(config: TrainConfig, host_layers: int, *, gpu_updated: bool) -> int:

@@ -25,6 +25,7 @@ from slide_ir.planning.placement import RANK_STEPS, PlacementChoice, choose_plac
 from slide_ir.planning.schedules import Ctx
 from slide_ir.planning.sharding import shard_graph
 from slide_ir.planning.sliding import emit_sliding
+from slide_ir.planning.speculation import Speculation, can_speculate, choose_speculation
 from slide_ir.planning.streaming import state_pace
 from slide_ir.planning.timeline import predict_step_s
 from slide_ir.specs.config import TrainConfig
@@ -44,6 +45,8 @@ class Plan:
     ledger: Ledger
     graph: Graph
     choice: PlacementChoice | None = None  # how the placement was chosen, with the runner-up
+    # global clipping: how many updates speculate, with the predicted steps that chose it
+    speculation: Speculation | None = None
 
     @property
     def feasible(self) -> bool:
@@ -75,6 +78,8 @@ def _host_weights(model: ModelSpec, machine: Machine, config: TrainConfig, nproc
 def _steady_step_s(p: Plan, nproc: int) -> float:
     """The plan's predicted steady step: the placement search's, else its graph timed over
     `RANK_STEPS` steps as the search times a candidate."""
+    if p.speculation is not None:
+        return p.speculation.expected_step_s
     if p.choice is not None and p.choice.predicted_step_s is not None:
         return p.choice.predicted_step_s
     config = replace(p.config, steps=RANK_STEPS)
@@ -84,19 +89,42 @@ def _steady_step_s(p: Plan, nproc: int) -> float:
 
 
 def _placed(model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int) -> Plan:
-    """`plan` with the host weights' layout given."""
+    """`plan` with the host weights' layout given. Global clipping with its speculation free:
+    the placement searched as deferral (nothing speculated) and as speculation (every host
+    update speculated, then the count searched for that placement), the plan of the least
+    expected step kept: speculation favours more host-updated units than deferral does."""
+    if not (config.speculate == "auto" and can_speculate(config)):
+        return _searched(model, machine, config, nproc)
+    every = replace(config, speculate=model.num_layers + 2)
+    tries = [_searched(model, machine, replace(config, speculate=0), nproc),
+             _searched(model, machine, every, nproc, speculate=config.speculate)]  # fmt: skip
+    return min(tries, key=lambda p: _steady_step_s(p, nproc))
+
+
+def _searched(
+    model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int, *,
+    speculate: int | str | None = None,
+) -> Plan:  # fmt: skip
+    """The placement searched for `config`, then its speculated count chosen (`speculate`:
+    the count to choose the placement's own by, where it differs from the search's)."""
     # the search's candidates are only timed: built unchecked (the plan's own graph is checked),
     # with the values their ops read and write only where sharding rewrites by them
     candidates = partial(build_graph, model, machine, check=False, values=nproc > 1)
     choice = choose_placement(model, machine, config, candidates, nproc=nproc)
     config = choice.resolve(config)
     resident, streamed = choice.chosen.units(model) if config.schedule == "sliding" else ((), ())
+    if speculate is not None:
+        config = replace(config, speculate=speculate)
+    speculation = choose_speculation(model, machine, config, resident, streamed, candidates,
+                                     nproc=nproc)  # fmt: skip
+    config = replace(config, speculate=speculation.units if speculation else 0)
     # the search's own ledger of its choice (a ledger does not depend on the steps planned)
-    ledger = choice.ledger or build_ledger(model, machine, config, resident, streamed)
-    graph = build_graph(model, machine, config, ledger)
-    return Plan(
-        model=model, machine=machine, config=config, ledger=ledger, graph=graph, choice=choice
+    ledger = (choice.ledger if not config.speculated else None) or build_ledger(
+        model, machine, config, resident, streamed
     )
+    graph = build_graph(model, machine, config, ledger)
+    return Plan(model=model, machine=machine, config=config, ledger=ledger, graph=graph,
+                choice=choice, speculation=speculation)  # fmt: skip
 
 
 def build_graph(

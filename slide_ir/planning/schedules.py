@@ -77,6 +77,8 @@ class Ctx:
     # saved for a backward, and the loss computed without its gradients
     forward_only: bool = False
     cast: frozenset[int] = frozenset()  # units whose uploads are cast into the weight ring
+    # global clipping: units whose update speculates, its old state saved (`speculation`)
+    speculated: frozenset[int] = frozenset()
     # False: the ops name no values (the placement search's candidates, which are only timed:
     # a third of their building time); the helpers below then return None, which emit drops
     values: bool = True
@@ -92,6 +94,8 @@ class Ctx:
         self.tokens_slot = slot_id(tokens[0].name, 0) if tokens else ""
         ring = [p for p in self.b.pools if p.role == PoolRole.WEIGHT_STAGING]
         self.cast = frozenset(u for p in ring for u in p.units)
+        saved = [p for p in self.b.pools if p.role == PoolRole.ROLLBACK]
+        self.speculated = frozenset(u for p in saved for u in p.units)
 
     def params(self, unit: int) -> int:
         """`unit_params` of `unit`, computed once per build."""
@@ -461,9 +465,11 @@ def device_update(
     return op_id
 
 
-def adam_work(ctx: Ctx, unit: int) -> Work:
+def adam_work(ctx: Ctx, unit: int, *, saved: int = 0) -> Work:
+    """The host AdamW's pass over a unit, writing `saved` more bytes per parameter on the way
+    (a speculative update's rollback copy)."""
     p = ctx.params(unit)
-    nbytes = adam_bytes_per_param(ctx.config, weight_copy=unit not in ctx.cast)
+    nbytes = adam_bytes_per_param(ctx.config, weight_copy=unit not in ctx.cast) + saved
     return Work(elements=p, bytes=p * nbytes)
 
 
@@ -544,12 +550,14 @@ class OptimizerIo:
         grads: Value | None = None,
         release: tuple[str, ...] = (),
         scale: Value | None = None,
+        rollback: Value | None = None,
     ) -> str:
         """The CPU AdamW of `unit` from its landed `grads` (state read ahead from NVMe first,
         written back after; its pinned weight copy written unless its uploads cast); `order` is
         the order the updates are emitted in, for the read-ahead. With several micro-batches
         the landed gradient is added into the accumulator first (no `grads`: it already was).
-        Under global clipping it reads the step's `scale`."""
+        Under global clipping it reads the step's `scale`, or speculates: writes the state as it
+        was into `rollback` on the way, for the step's `REDO`."""
         ctx = self.ctx
         reads = self.prefetch(order, order.index(unit))
         op_id = ctx.sid(self.step, unit, "adam")
@@ -557,9 +565,10 @@ class OptimizerIo:
         state = self._state(unit)
         added = acc and ctx.at(acc.name, acc.slot, accumulate=True) if grads else None
         copy = None if unit in ctx.cast else ctx.home(R.HOST_WEIGHTS, unit, "w")
-        ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, unit=unit, work=adam_work(ctx, unit),
-                   deps=[*deps, *reads], release=release, reads=[grads, acc, scale, *state],
-                   writes=[added, copy, *state])  # fmt: skip
+        saved = FP32 + ctx.config.moment_bytes if rollback else 0
+        ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, unit=unit,
+                   work=adam_work(ctx, unit, saved=saved), deps=[*deps, *reads], release=release,
+                   reads=[grads, acc, scale, *state], writes=[added, copy, *state, rollback])  # fmt: skip
         self.write_back(unit, op_id)
         ctx.last_update[unit] = op_id
         return op_id

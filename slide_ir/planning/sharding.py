@@ -20,11 +20,11 @@ K = OpKind
 R = PoolRole
 # kinds whose work is a unit's parameters, each rank doing its shard's part of it
 _PER_ELEMENT = frozenset({K.H2D_PARAM, K.D2H_GRAD, K.ADAM, K.GPU_ADAM, K.OPT_H2D, K.OPT_D2H,
-                          K.W_D2H, K.CAST, K.GRAD_ACCUM, K.GRAD_NORM})  # fmt: skip
+                          K.W_D2H, K.CAST, K.GRAD_ACCUM, K.GRAD_NORM, K.REDO})  # fmt: skip
 _STATE_IO = frozenset({K.NVME_READ, K.NVME_WRITE})  # per element when they move a unit's state
 # pools holding per-element state or its staging, split by element range
 _SHARDED = frozenset({R.GRAD_LANDING, R.HOST_WEIGHTS, R.GRAD_ACCUM, R.MASTER, R.MOMENTS,
-                      R.NVME_STATE, R.OPT_STAGING, R.STREAM_STATE})  # fmt: skip
+                      R.NVME_STATE, R.OPT_STAGING, R.STREAM_STATE, R.ROLLBACK})  # fmt: skip
 _HANDBACK = "host_handback"  # GPU-kept state handed back to host RAM: each rank its shard
 
 

@@ -18,7 +18,7 @@ can travel when the link is free rather than when the unit is next (`_StateTraff
 from __future__ import annotations
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
-from slide_ir.planning.deferral import DeferredUpdates
+from slide_ir.planning.deferral import DeferredUpdates, redo
 from slide_ir.planning.ledger import FP32, unit_params
 from slide_ir.planning.schedules import (
     Ctx,
@@ -206,12 +206,18 @@ class _Micro(WeightUploads):
             self.io.update(self.order, unit, deps=[d2h], grads=landed, release=(landing,))
             return
         accumulates = ctx.config.grad_accum > 1  # the norm is the accumulated gradient's
-        self.deferred.grad_norm(unit, "cpu", [d2h], landed, accumulator=accumulates,
-                                release=(landing,) if accumulates else ())  # fmt: skip
+        norm = self.deferred.grad_norm(unit, "cpu", [d2h], landed, accumulator=accumulates,
+                                       release=(landing,) if accumulates else ())  # fmt: skip
         kept = None if accumulates else landed
+        release = () if accumulates else (landing,)
+        if unit in ctx.speculated:
+            guess = self.io.update(self.io_order, unit, deps=[norm], grads=kept,
+                                   rollback=ctx.home(R.ROLLBACK, unit, "rollback"))  # fmt: skip
+            self.deferred.defer(unit, lambda deps, scale: redo(
+                ctx, step, unit, [*deps, guess], grads=kept, scale=scale, release=release))  # fmt: skip
+            return
         self.deferred.defer(unit, lambda deps, scale: self.io.update(
-            self.io_order, unit, deps=deps, grads=kept, release=() if accumulates else (landing,),
-            scale=scale))  # fmt: skip
+            self.io_order, unit, deps=deps, grads=kept, release=release, scale=scale))  # fmt: skip
 
     def _streamed_update(self, unit: int) -> None:
         """GPU AdamW of a streamed unit, then its new BF16 weights (and maybe its state) go down."""

@@ -131,6 +131,14 @@ class TrainConfig:
     clip: str = Clip.NONE
     host_weights: str = HostWeights.AUTO
     clip_norm: float = 1.0
+    # global clipping: the host-updated units (first to land first) whose AdamW runs as their
+    # gradient lands, its state saved for a rollback, instead of waiting for the norm
+    # (`slide_ir.planning.speculation`): a count, or "auto" (chosen by the planner; 0 where
+    # nothing is planned)
+    speculate: int | str = "auto"
+    # the share of steps the planner expects global clipping to roll back (clipped or not
+    # finite) when it chooses `speculate`; the session replaces it with the share it measured
+    rollback_share: float = 0.25
     # zero-offload: DeepSpeed's reduce_bucket_size, in elements (its default; see zero_offload)
     reduce_bucket: int = 500_000_000
 
@@ -155,7 +163,7 @@ class TrainConfig:
             raise ValueError(
                 f"act_buffers must be >= 3 (input, output, one in flight), got {self.act_buffers}"
             )
-        for name in ("resident", "streamed", "keep_activations"):
+        for name in ("resident", "streamed", "keep_activations", "speculate"):
             _count_or_auto(name, getattr(self, name))
         plain = (self.schedule, self.optimizer, self.grad_accum) == ("sliding", "cpu", 1)
         if isinstance(self.streamed, int) and self.streamed > 0 and not plain:
@@ -176,6 +184,8 @@ class TrainConfig:
         for name in ("gpu_margin", "host_margin"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 <= self.rollback_share <= 1.0:
+            raise ValueError(f"rollback_share must be in [0, 1], got {self.rollback_share}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -185,6 +195,14 @@ class TrainConfig:
     def deferred_updates(self) -> bool:
         """The step's updates wait for its global gradient norm."""
         return self.clip == Clip.GLOBAL
+
+    @property
+    def speculated(self) -> int:
+        """Host-updated units that speculate: the count asked for, 0 for "auto" or without
+        global clipping."""
+        if not self.deferred_updates or self.speculate == "auto":
+            return 0
+        return int(self.speculate)
 
     @property
     def cache_depth(self) -> int:

@@ -12,6 +12,7 @@ from runs import (
     assert_bitwise_equal,
     assert_matches_reference,
     batches,
+    graph_of,
     max_rel_error,
     reference,
     run_executor,
@@ -21,6 +22,7 @@ from executor import loop
 from executor.clipping import clip_scale, hf_order, param_norms
 from executor.layout import unit_layouts
 from executor.loop import NonFiniteLossError
+from slide_ir.ir.graph import OpKind, PoolRole
 
 CLIP = {"clip": "global", "clip_norm": 0.05}  # small enough that every step clips
 
@@ -135,3 +137,41 @@ def test_stops_after_max_skipped_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _without(items: list, index: int) -> list:
     return items[:index] + items[index + 1 :]
+
+
+# -- speculative updates --------------------------------------------------------------------
+SPECULATION = {
+    "sliding": (False, {}),
+    "accum-sliding": (False, {"grad_accum": 2}),
+    "tied-resident-mix": (True, {"resident": 2}),
+}
+
+
+@pytest.mark.parametrize("clip_norm", [0.05, 1e6], ids=["every-step-clips", "none-clips"])
+@pytest.mark.parametrize("case", sorted(SPECULATION))
+def test_speculation_equals_deferral_bitwise(case: str, clip_norm: float) -> None:
+    """Every host update speculating (then redone from the saved state where the step clips, or
+    kept where it does not) gives the deferred updates' result bit for bit; the graph does
+    speculate (its updates save state and are redone)."""
+    tied, extra = SPECULATION[case]
+    config = {"clip": "global", "clip_norm": clip_norm, **extra}
+    graph = graph_of(tied, speculate=99, **config)
+    assert any(op.kind == OpKind.REDO for op in graph.ops)
+    assert any(p.role == PoolRole.ROLLBACK for p in graph.pools)
+    speculated = run_executor(tied, speculate=99, **config)
+    deferred = run_executor(tied, speculate=0, **config)
+    assert_bitwise_equal(speculated, deferred)
+    if clip_norm < 1:
+        assert_matches_reference(speculated, tied, config)
+
+
+def test_speculative_non_finite_step_skipped_bitwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 3's gradients NaN with every update speculating: its updates are rolled back, and
+    the run equals one that never saw step 3's batch, bit for bit."""
+    steps = 6
+    clean = run_executor(False, steps=steps - 1, **CLIP, speculate=99,
+                         train_kwargs={"batches": _without(batches(steps), 2)})  # fmt: skip
+    _poison(monkeypatch, {3})
+    poisoned = run_executor(False, steps=steps, **CLIP, speculate=99)
+    del poisoned.losses[2]
+    assert_bitwise_equal(poisoned, clean)
