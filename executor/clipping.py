@@ -97,5 +97,7 @@ def norm(env: Env, lane: LaneState, op: Op) -> None:
     env.buffers.of(op.writes[0], op.unit).copy_(torch.stack([scale, total]))
     step = env.step_offset + op.step
     env.grad_norms[step] = float(total)
+    if not (torch.isfinite(total) and float(scale) == 1.0):
+        env.clipped.add(step)
     if not torch.isfinite(total):
         env.skipped.add(step)

@@ -63,6 +63,8 @@ class Env:
     global_clip_norm: float = 0.0  # global clipping's max norm (`clipping`; 0: none)
     skipped: set[int] = field(default_factory=set)  # global steps a non-finite norm skipped
     grad_norms: dict[int, float] = field(default_factory=dict)  # global step -> its norm
+    # global steps whose norm clipped or was not finite: where speculated updates rolled back
+    clipped: set[int] = field(default_factory=set)
     staging: TokenStaging  # host slots the main thread stages micro-batches' tokens in
     batches: queue.Queue[MicroBatch] = field(default_factory=queue.Queue)
     nvme: NvmeStore | None = None

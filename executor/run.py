@@ -124,6 +124,9 @@ class Measured:
     busy: dict[str, float]  # seconds of op time per lane
     by_kind: dict[str, float]  # the same per op kind
     steps: set[int]  # the steps they cover
+    # of the steps done, the share global clipping clipped or skipped (rolled back, where
+    # updates speculate); 0 without global clipping
+    clipped_share: float = 0.0
 
 
 class Engine:
@@ -200,7 +203,10 @@ class Engine:
     def measured(self) -> Measured:
         recorder = self.driver.progress.recorder
         steps = set(range(2, self.done + 1))
-        return Measured(recorder.steady_busy(), recorder.steady_busy_by_kind(), steps)
+        first = self.start.step
+        clipped = [s for s in self.driver.built.env.clipped if first < s <= first + self.done]
+        share = len(clipped) / self.done if self.done else 0.0
+        return Measured(recorder.steady_busy(), recorder.steady_busy_by_kind(), steps, share)
 
     def setup_seconds(self) -> float:
         """This engine's buffers and state set-up: what a move pays about twice over."""
@@ -216,6 +222,7 @@ class Engine:
         self._closed = old
         moved = self._build(program, weights, moments, self.start.step + self.done, Phases())
         moved.env.skipped.update(old.env.skipped)  # the bias correction counts updates made
+        moved.env.clipped.update(old.env.clipped)
         self.driver.move(program, moved)
 
     def finish(self) -> TrainResult:

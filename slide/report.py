@@ -153,6 +153,19 @@ def _upload_source(led: Ledger) -> str:
     return " or ".join(w for w in (cast, pinned) if w) or "none (nothing slides)"
 
 
+def _speculation_lines(p: Plan) -> list[str]:
+    """Global clipping: how many updates speculate, and what a rolled-back step costs."""
+    s = p.speculation
+    if s is None:
+        return []
+    if not s.units:
+        return [f"global clipping: every update waits for the norm (speculation does not pay "
+                f"with {s.rollback_share:.0%} of steps rolled back); step {s.step_s:.3f} s"]  # fmt: skip
+    return [f"global clipping: {s.units} host updates speculate; step {s.step_s:.3f} s, "
+            f"{s.rollback_step_s:.3f} s when it rolls back, {s.deferred_step_s:.3f} s with "
+            f"every update waiting for the norm"]  # fmt: skip
+
+
 def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
     """The plan as `slide plan` prints it; `nvme_dirs` (its --nvme-dir) names the drive files."""
     c, m, led = p.config, p.model, p.ledger
@@ -166,6 +179,7 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
         + (f", kept tapes {c.kept_tapes}" if c.kept_tapes else "")
         + (f"; uploads {_upload_source(led)}" if c.schedule == "sliding" else ""),
         *render_placement(p),
+        *_speculation_lines(p),
         "",
     ]
     for tier in REPORT_TIERS:

@@ -227,6 +227,8 @@ def _check_placement(
     steps = stops[-1]
     measured = engine.measured()
     ran = pass_plan(p, REPLAN_AFTER)
+    if request.speculate == "auto" and request.deferred_updates:  # the share seen, not assumed
+        request = replace(request, rollback_share=measured.clipped_share)
     check = refit.replan(ran, request, measured.busy, measured.steps, measured.by_kind)
     if check.plan is not None:
         move_s = MOVE_COST_PER_SETUP * engine.setup_seconds()

@@ -143,6 +143,14 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
                         "overlap the backward); none [global]")  # fmt: skip
     parser.add_argument("--clip-norm", type=float, default=1.0, help="max norm for --clip [1.0]")
     parser.add_argument(
+        "--speculate",
+        default="auto",
+        help="--clip global: host-updated units (the first to land) whose update runs as its "
+        "gradient lands, its old state saved (12 B/param more RAM), and is redone after the "
+        "norm in a step that clips: a count or 'auto' (the least expected step, counting a "
+        "rolled-back step as one in four) [auto]",
+    )
+    parser.add_argument(
         "--reduce-bucket",
         type=float,
         default=5e8,
@@ -228,6 +236,7 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "gpu_memory_gb": args.gpu_memory_gb,
         "clip": args.clip,
         "clip_norm": args.clip_norm,
+        "speculate": parse_count_or_auto("speculate", args.speculate),
         "reduce_bucket": int(args.reduce_bucket),
     }
     fields.update(override)

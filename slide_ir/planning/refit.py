@@ -231,7 +231,8 @@ def replan(
     best_s = predict_step_s(best.graph, costs)
     chosen = best.choice.chosen if best.choice else None
     was = running.choice.chosen if running.choice else None
-    if not best.feasible or chosen is None or chosen == was:
+    same = chosen == was and best.config.speculate == running.config.speculate
+    if not best.feasible or chosen is None or same:
         return Replanned(factors=factors, running_s=running_s, best_s=best_s, plan=None,
                          reason="the search chooses the running placement again")  # fmt: skip
     gain = 1.0 - best_s / running_s

@@ -227,7 +227,10 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-PLACEMENTS = {"mixed": [], "sliding": ["--resident", "0"]}  # 5 resident + 1 sliding; host updates
+# 5 resident + 1 sliding; host updates; host updates speculating, so a kill in the backward
+# falls between a speculative update and the REDO that validates it
+PLACEMENTS = {"mixed": [], "sliding": ["--resident", "0"],
+              "speculated": ["--resident", "0", "--speculate", "99"]}  # fmt: skip
 
 
 def _hooked(out: Path, tokens: str, placement: str, **env: str) -> subprocess.Popen[str]:
