@@ -137,8 +137,9 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
     parser.add_argument("--clip", choices=CLIP_MODES, default="global",
                         help="gradient clipping: global is torch's clip_grad_norm_ over every "
                         "parameter, as HF Trainer's max_grad_norm (the updates wait for the "
-                        "norm and overlap the next forward; a step with a non-finite norm is "
-                        "skipped; 2-4%% slower than none on the H200); per-unit clips each "
+                        "norm and overlap the next forward, or speculate: see --speculate; a "
+                        "step with a non-finite norm is skipped; 2-4%% slower than none on the "
+                        "H200, measured without speculation); per-unit clips each "
                         "layer's gradient by its own norm before its update (the updates "
                         "overlap the backward); none [global]")  # fmt: skip
     parser.add_argument("--clip-norm", type=float, default=1.0, help="max norm for --clip [1.0]")

@@ -69,7 +69,8 @@ class Clip(StrEnum):
     PER_UNIT = "per-unit"
     # torch.nn.utils.clip_grad_norm_ over every parameter: the norm needs every gradient, so the
     # step's updates wait for it and run in unit order, overlapping the next forward instead of
-    # the backward; a step whose norm is not finite is skipped (the state untouched)
+    # the backward, or speculate and are redone where the step clips (`speculate`); a step
+    # whose norm is not finite is skipped (the state untouched)
     GLOBAL = "global"
 
 
