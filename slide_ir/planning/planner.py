@@ -111,6 +111,7 @@ def _searched(
     # with the values their ops read and write only where sharding rewrites by them
     candidates = partial(build_graph, model, machine, check=False, values=nproc > 1)
     choice = choose_placement(model, machine, config, candidates, nproc=nproc)
+    searched_with = config.speculated  # the count the search's ledgers hold slots for
     config = choice.resolve(config)
     resident, streamed = choice.chosen.units(model) if config.schedule == "sliding" else ((), ())
     if speculate is not None:
@@ -118,10 +119,10 @@ def _searched(
     speculation = choose_speculation(model, machine, config, resident, streamed, candidates,
                                      nproc=nproc)  # fmt: skip
     config = replace(config, speculate=speculation.units if speculation else 0)
-    # the search's own ledger of its choice (a ledger does not depend on the steps planned)
-    ledger = (choice.ledger if not config.speculated else None) or build_ledger(
-        model, machine, config, resident, streamed
-    )
+    # the search's own ledger of its choice, where it holds the chosen count's rollback slots
+    # (a ledger does not depend on the steps planned)
+    reuse = choice.ledger if config.speculated == searched_with else None
+    ledger = reuse or build_ledger(model, machine, config, resident, streamed)
     graph = build_graph(model, machine, config, ledger)
     return Plan(model=model, machine=machine, config=config, ledger=ledger, graph=graph,
                 choice=choice, speculation=speculation)  # fmt: skip

@@ -68,3 +68,12 @@ def test_the_chosen_count_has_the_least_expected_step(llama8b, pc, share):
     assert s.units > 0
     assert s.expected_step_s < s.deferred_step_s
     assert plan(llama8b, pc, p.config).graph == p.graph  # the resolved count re-plans to itself
+
+
+def test_a_plan_speculating_none_has_no_rollback_slots(llama8b, pc):
+    """Every step rolling back: nothing speculates, and neither the ledger nor the graph holds
+    what speculation would (the search that tried speculating every unit left none behind)."""
+    p = plan(llama8b, pc, replace(GLOBAL, rollback_share=1.0))
+    assert p.config.speculate == 0
+    assert not any(t.pool.role == PoolRole.ROLLBACK for t in p.ledger.terms)
+    assert not any(op.kind == OpKind.REDO for op in p.graph.ops)
