@@ -102,7 +102,8 @@ def cast(env: Env, lane: LaneState, op: Op) -> None:
 
 # -- host optimizer (cpu lane) -----------------------------------------------------------------
 def grad_accum(env: Env, lane: LaneState, op: Op) -> None:
-    grad, acc = _src_dst(env, op)
+    # the landing slot may be larger than the unit (the embedding's and head's shared one)
+    grad, acc = _on_host(env, op.reads[0], op.unit), env.buffers.of(op.writes[0], op.unit)
     if op.writes[0].accumulate:
         acc.add_(grad)
     else:

@@ -421,23 +421,13 @@ def _sliding_terms(
             role=R.UNIT,
             units=tuple(members),
         )
-        if members[0] in host_updated:
-            terms.add(
-                f"pinned_grads_{group}",
-                Tier.PINNED,
-                1,
-                q * BF16,
-                "gradient landing (pinned)",
-                f"{q:.4g} params x 2 B",
-                role=R.GRAD_LANDING,
-                units=tuple(members),
-            )
     for group, members in _unit_groups(model, list(resident)):
         terms.add_group(f"gpu_resident_{group}", Tier.GPU, members, unit_params(model, members[0]),
                         2 * BF16 + FP32 + mb, "resident layers (weights, grads, master, moments)",
                         role=R.RESIDENT)  # fmt: skip
     _streamed_staging_terms(terms, model, config, streamed)
     _handback_terms(terms, config, max((unit_params(model, u) for u in resident), default=0))
+    _vocab_landing_terms(terms, model, config, [u for u in host_updated if u in (0, n + 1)])
     host_layers = sum(1 for u in host_updated if 1 <= u <= n)
     if host_layers:
         g = landing_buffers(config, host_layers, gpu_updated=bool(streamed or resident))
@@ -549,6 +539,35 @@ def _rollback_terms(
         terms.add_group(f"rollback_{group}", Tier.CPU, members, unit_params(model, members[0]),
                         FP32 + config.moment_bytes, "state before a speculative update",
                         role=R.ROLLBACK)  # fmt: skip
+
+
+def _vocab_landing_terms(
+    terms: _Terms, model: ModelSpec, config: TrainConfig, units: list[int]
+) -> None:
+    """Pinned landing for the host-updated embedding and head (the vocab-sized units). Their
+    gradients come down at the two ends of the backward: the head's first, its update done
+    (on the `cpu` lane, first of the step's) while the decoder layers' backward runs, the
+    embedding's last. So both share one slot the size of the larger (`pinned_grads_vocab`): the
+    embedding's download waits for the head's update to free it, the ring reuse of the
+    graph. Under deferred updates (global clipping) every gradient waits for the norm in a
+    buffer of its own, and each keeps its own slot. 8B: 2 x 5.25e8 x 2 B = 2.10 GB -> 1.05 GB."""
+    groups = list(_unit_groups(model, units))
+    if len(groups) > 1 and not config.deferred_updates:
+        groups = [("vocab", units)]
+    for group, members in groups:
+        q = max(unit_params(model, u) for u in members)
+        terms.add(f"pinned_grads_{group}", Tier.PINNED, 1, q * BF16,
+                  "gradient landing (pinned)", f"{q:.4g} params (the largest of units "
+                  f"{', '.join(map(str, members))}) x 2 B", role=R.GRAD_LANDING,
+                  units=tuple(members))  # fmt: skip
+
+
+def landing_pool(pools: tuple[Pool, ...] | list[Pool], unit: int) -> str:
+    """The name of the sliding gradient-landing pool whose slots hold `unit`'s gradient."""
+    for pool in pools:
+        if pool.role == R.GRAD_LANDING and unit in pool.units:
+            return pool.name
+    raise ValueError(f"no gradient landing pool holds unit {unit}")
 
 
 def landing_buffers(config: TrainConfig, host_layers: int, *, gpu_updated: bool) -> int:

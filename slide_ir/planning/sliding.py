@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
 from slide_ir.planning.deferral import DeferredUpdates, redo
-from slide_ir.planning.ledger import FP32, unit_params
+from slide_ir.planning.ledger import FP32, landing_pool, unit_params
 from slide_ir.planning.schedules import (
     Ctx,
     OptimizerIo,
@@ -181,7 +181,7 @@ class _Micro(WeightUploads):
             unit=unit,
             work=Work(bytes=param_bytes(ctx, unit)),
             deps=[produced_by],
-            acquire=[f"pinned_grads_{unit_group(ctx, unit)}"],
+            acquire=[landing_pool(ctx.b.pools, unit)],
             release=[on_gpu],
             reads=[ctx.at(grads(unit), on_gpu)],
             writes=[ctx.taken(grads(unit))],

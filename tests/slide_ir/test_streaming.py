@@ -22,15 +22,16 @@ def test_streamed_units_move_state_to_pinned_ram_and_add_gpu_staging(h200):
     base = build_ledger(model, h200, config)
     led = build_ledger(model, h200, config, streamed=(0, 1, 2, 3, 4))
     layer, embed = model.layer_params, model.embedding_params
+    head = model.final_norm_params + model.lm_head_params  # tied: the final norm alone
     # host RAM: master + moments move from pageable to pinned; the total is unchanged but for
-    # the landing ring, which now holds every host-updated layer (24) instead of 3
-    assert (
-        led.pinned_bytes() - base.pinned_bytes()
-        == 12 * (embed + 4 * layer) + 2 * layer * (24 - 3) - 2 * embed
-    )
+    # the landing ring, which now holds every host-updated layer (24) instead of 3, and the
+    # vocab landing slot, which the head no longer shares with the embedding (2 x embed B)
+    # but has to itself (2 x head B)
+    landing = 2 * layer * (24 - 3) - 2 * embed + 2 * head
+    assert led.pinned_bytes() - base.pinned_bytes() == 12 * (embed + 4 * layer) + landing
     gpu = led.breakdown("gpu")["streamed optimizer state (fp32 master, moments, grad)"]
     assert gpu == 16 * (embed + 4 * layer)  # a slot per streamed unit
-    assert led.peak_bytes("cpu") - base.peak_bytes("cpu") == 2 * layer * (24 - 3) - 2 * embed
+    assert led.peak_bytes("cpu") - base.peak_bytes("cpu") == landing
 
 
 def test_streamed_graph_updates_on_the_gpu_with_state_round_trips(h200):
