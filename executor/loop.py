@@ -79,16 +79,18 @@ class SteadySteps:
     steps: int = 0
     seconds: float = 0.0
     tokens: int = 0
+    clipped: int = 0  # of them, global clipping's clipped or skipped steps (rolled back)
 
-    def add(self, step: int, seconds: float, tokens: int) -> None:
+    def add(self, step: int, seconds: float, tokens: int, *, clipped: bool = False) -> None:
         if step >= self.first:
             self.steps, self.seconds, self.tokens = (
                 self.steps + 1, self.seconds + seconds, self.tokens + tokens
             )  # fmt: skip
+            self.clipped += clipped
 
     def summary(self) -> dict[str, Any]:
         return {"first": self.first, "steps": self.steps, "seconds": self.seconds,
-                "tokens": self.tokens}  # fmt: skip
+                "tokens": self.tokens, "clipped": self.clipped}  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -295,7 +297,8 @@ class _Repetition:
         self._check_finite(self.base + step, loss)
         metrics = step_metrics(d.program, now - pr.last, env.ranks) | self._interval(now)
         metrics |= self._clipping(self.base + step)
-        pr.steady.add(pr.done, metrics["step_time_s"], metrics["tokens"])
+        pr.steady.add(pr.done, metrics["step_time_s"], metrics["tokens"],
+                      clipped=bool(metrics.get("clipped")))  # fmt: skip
         pr.last = now
         stop = d.on_step is not None and bool(d.on_step(self.base + step, loss, lr, metrics))
         if env.ranks is not None:  # a rank that stops stops them all, at the same step
@@ -327,13 +330,15 @@ class _Repetition:
             )
 
     def _clipping(self, step: int) -> dict[str, Any]:
-        """Global clipping's figures of the step: its gradient norm, the steps skipped so far."""
+        """Global clipping's figures of the step: its gradient norm, whether it clipped (or was
+        skipped: speculated updates rolled back), the steps skipped so far."""
         env = self.d.built.env
         if step not in env.grad_norms:
             return {}
         norm = env.grad_norms.pop(step)
         return {"grad_norm": norm if math.isfinite(norm) else None,
-                "skipped": step in env.skipped, "skipped_steps": len(env.skipped)}  # fmt: skip
+                "clipped": step in env.clipped, "skipped": step in env.skipped,
+                "skipped_steps": len(env.skipped)}  # fmt: skip
 
     def _interval(self, now: float) -> dict[str, Any]:
         """Every `log_every` steps: tokens/s and each lane's busy share over those steps, and

@@ -15,6 +15,7 @@ from slide import json_out
 from slide.fileio import write_atomic
 from slide.tensorboard_scalars import Scalars
 from slide_ir.ir.trace import Metrics, to_chrome_trace, trace_metrics
+from slide_ir.planning.speculation import expected
 from slide_ir.specs.hardware import Machine
 
 if TYPE_CHECKING:
@@ -61,6 +62,33 @@ class LossStats:
 
 
 @dataclass
+class ClipCounts:
+    """Global clipping over the run: steps clipped (norm above `--clip-norm`) or skipped (not
+    finite). Under speculation each of them rolled its speculated updates back."""
+
+    steps: int = 0  # steps with a global norm
+    clipped: int = 0  # clipped or skipped
+    skipped: int = 0
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        if "grad_norm" in metrics:
+            self.steps += 1
+            self.clipped += bool(metrics.get("clipped"))
+            self.skipped += bool(metrics.get("skipped"))
+
+    def summary(self, placement: dict[str, Any] | None) -> dict[str, Any]:
+        """`clipping` for the run's summary (nothing without global clipping)."""
+        if not self.steps:
+            return {}
+        speculated = ((placement or {}).get("speculation") or {}).get("speculated_units", 0)
+        out = {"steps": self.steps, "clipped_steps": self.clipped - self.skipped,
+               "skipped_steps": self.skipped, "speculated_units": speculated}  # fmt: skip
+        if speculated:
+            out["rolled_back_steps"] = self.clipped
+        return {"clipping": out}
+
+
+@dataclass
 class Reporter:
     """Progress bar, metrics JSONL (one line per optimizer step) and TensorBoard scalars. A
     resumed run continues its metrics file from the checkpoint's step (lines a crash left
@@ -72,6 +100,7 @@ class Reporter:
     phases: Phases = field(default_factory=Phases)
     losses: LossStats = field(default_factory=LossStats)
     evals: LossStats = field(default_factory=LossStats)  # the eval losses (`executor.evaluation`)
+    clipping: ClipCounts = field(default_factory=ClipCounts)
 
     def __post_init__(self) -> None:
         from tqdm import tqdm
@@ -97,6 +126,7 @@ class Reporter:
             self.phases.add("first step", self.phases.since("lanes"))
         self.phases.mark("first step end")
         self.losses.add(loss)
+        self.clipping.add(metrics)
         self.bar.update(1)
         self._postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
         row = {"step": step, "loss": loss, "lr": lr, **metrics}
@@ -171,6 +201,7 @@ def finish(
         plot_gantt(result.trace, req.gantt, zoom="auto")
     m = trace_metrics(result.trace)
     tokens_per_s, step_s, steady = steady_rate(result.meta.get("steady"), m, nproc)
+    placement = result.meta.get("placement")
     return {
         "steps_done": steps_done,
         "steps_run": reporter.losses.steps,
@@ -182,8 +213,9 @@ def finish(
         **({"nproc": nproc} if nproc > 1 else {}),
         "tokens_per_s": tokens_per_s,
         "steady_steps": steady,
-        **against_plan(result.meta.get("placement"), step_s, nproc),
+        **against_plan(placement, step_s, nproc, clipped_share(result.meta.get("steady"))),
         "eta": m.eta,
+        **reporter.clipping.summary(placement),
         "checkpoint": str(last) if last else None,
         **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),
     }
@@ -212,14 +244,29 @@ def steady_rate(steady: dict[str, Any] | None, m: Metrics, nproc: int) -> tuple[
     return m.tokens_per_s * nproc, m.step_time_s, "trace window"
 
 
-def against_plan(placement: dict[str, Any] | None, step_s: float, nproc: int) -> dict[str, Any]:
+def clipped_share(steady: dict[str, Any] | None) -> float | None:
+    """The share of the steady steps that global clipping clipped or skipped, None without
+    steady steps."""
+    if not steady or not steady["steps"]:
+        return None
+    return steady.get("clipped", 0) / steady["steps"]
+
+
+def against_plan(
+    placement: dict[str, Any] | None, step_s: float, nproc: int, clipped: float | None = None
+) -> dict[str, Any]:
     """The placement the run ended on (the trace window's too, unless a run of under 10 steps
     moved after it), its predicted tokens/s and the measured step's error against it
-    (positive: slower than predicted)."""
+    (positive: slower than predicted). With speculated updates the prediction is the kept
+    and the rolled-back step mixed at the share of the steady steps that rolled back
+    (`clipped`), not at the share the plan assumed."""
     if not placement:
         return {}
     out: dict[str, Any] = {"placement": placement["chosen"]}
     predicted = placement.get("predicted_step_s")
+    speculation = placement.get("speculation")
+    if predicted and speculation and clipped is not None:
+        predicted = expected(speculation["step_s"], speculation["rollback_step_s"], clipped)
     if predicted:
         out["predicted_tokens_per_s"] = round(placement["tokens_per_step"] * nproc / predicted, 1)
         out["step_time_error"] = round(step_s / predicted - 1, 4)

@@ -99,10 +99,15 @@ def program(
 
 def _placement(p: Plan, predicted: bool) -> dict[str, Any]:
     """What the placement search chose and the step it predicted for it (on the profile it
-    planned with: after a re-plan, the re-fit one), so a run can be set against its plan."""
+    planned with: after a re-plan, the re-fit one), so a run can be set against its plan;
+    with speculated updates, the kept and the rolled-back step (`Speculation.summary`)."""
     assert p.choice is not None
     chosen = p.choice.chosen
     step = next((c.step_s for c in p.choice.considered if c.placement == chosen), None)
-    return {"chosen": chosen.describe(p.model), "how": p.choice.how,
-            "predicted_step_s": step if predicted else None,
-            "tokens_per_step": p.graph.info.tokens_per_step}  # fmt: skip
+    out = {"chosen": chosen.describe(p.model), "how": p.choice.how,
+           "predicted_step_s": step if predicted else None,
+           "tokens_per_step": p.graph.info.tokens_per_step}  # fmt: skip
+    if p.speculation is not None:  # the step depends on how many steps roll back
+        out["speculation"] = p.speculation.summary()
+        out["predicted_step_s"] = p.speculation.expected_step_s if predicted else None
+    return out

@@ -173,6 +173,13 @@ class _Micro(WeightUploads):
             return
         d2h = ctx.oid(step, self.micro, unit, "g.d2h")
         on_gpu = ctx.unit_slot.pop(unit)
+        accumulates = ctx.config.grad_accum > 1  # the norm is the accumulated gradient's
+        taken = [produced_by]
+        if self.last and self.deferred and not accumulates:
+            # the norm where the gradient is whole first: one pass over it on the GPU is a
+            # fraction of a millisecond, on the host (the lane that bounds sliding) ~13 ms a layer
+            taken.append(self.deferred.grad_norm(
+                unit, "gpu", [produced_by], ctx.at(grads(unit), on_gpu)))  # fmt: skip
         (landing,) = ctx.b.emit(
             d2h,
             K.D2H_GRAD,
@@ -180,7 +187,7 @@ class _Micro(WeightUploads):
             step=step,
             unit=unit,
             work=Work(bytes=param_bytes(ctx, unit)),
-            deps=[produced_by],
+            deps=taken,
             acquire=[landing_pool(ctx.b.pools, unit)],
             release=[on_gpu],
             reads=[ctx.at(grads(unit), on_gpu)],
@@ -205,19 +212,20 @@ class _Micro(WeightUploads):
         if not self.deferred:
             self.io.update(self.order, unit, deps=[d2h], grads=landed, release=(landing,))
             return
-        accumulates = ctx.config.grad_accum > 1  # the norm is the accumulated gradient's
-        norm = self.deferred.grad_norm(unit, "cpu", [d2h], landed, accumulator=accumulates,
-                                       release=(landing,) if accumulates else ())  # fmt: skip
-        kept = None if accumulates else landed
-        release = () if accumulates else (landing,)
+        kept, release, landed_at = landed, (landing,), d2h
+        if accumulates:  # the whole gradient is the host's sum: its norm there
+            kept, release = None, ()
+            landed_at = self.deferred.grad_norm(unit, "cpu", [d2h], landed, accumulator=True,
+                                                release=(landing,))  # fmt: skip
         if unit in ctx.speculated:
-            guess = self.io.update(self.io_order, unit, deps=[norm], grads=kept,
+            guess = self.io.update(self.io_order, unit, deps=[landed_at], grads=kept,
                                    rollback=ctx.home(R.ROLLBACK, unit, "rollback"))  # fmt: skip
             self.deferred.defer(unit, lambda deps, scale: redo(
                 ctx, step, unit, [*deps, guess], grads=kept, scale=scale, release=release))  # fmt: skip
             return
         self.deferred.defer(unit, lambda deps, scale: self.io.update(
-            self.io_order, unit, deps=deps, grads=kept, release=release, scale=scale))  # fmt: skip
+            self.io_order, unit, deps=[*deps, landed_at], grads=kept, release=release,
+            scale=scale))  # fmt: skip
 
     def _streamed_update(self, unit: int) -> None:
         """GPU AdamW of a streamed unit, then its new BF16 weights (and maybe its state) go down."""

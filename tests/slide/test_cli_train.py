@@ -147,6 +147,36 @@ def test_the_summary_names_the_placement_and_its_prediction(tmp_path, tokens, ca
     assert against_plan(None, 0.55, nproc=1) == {}
 
 
+def test_a_speculated_prediction_mixes_kept_and_rolled_back_steps_at_the_measured_share():
+    """With speculated updates the run is set against the kept and the rolled-back step mixed
+    at the share of its steady steps that rolled back, not at the plan's prior."""
+    speculation = {"speculated_units": 4, "step_s": 1.0, "rollback_step_s": 2.0}
+    placed = {"chosen": "c", "predicted_step_s": 1.25, "tokens_per_step": 1000,
+              "speculation": speculation}  # fmt: skip
+    assert against_plan(placed, 1.5, nproc=1, clipped=0.5)["step_time_error"] == 0.0
+    assert against_plan(placed, 1.5, nproc=1, clipped=0.0)["step_time_error"] == 0.5
+    assert against_plan(placed, 1.5, nproc=1)["step_time_error"] == 0.2  # no steady steps: the prior
+
+
+@pytest.mark.parametrize(("norm", "clipped"), [("1e-9", 3), ("1e9", 0)])
+def test_the_summary_counts_clipped_and_rolled_back_steps(tmp_path, tokens, capsys, norm, clipped):
+    """Under global clipping with speculated updates the summary says how many steps clipped
+    (each rolled its speculated updates back), and the metrics flag each step."""
+    metrics = tmp_path / "m.jsonl"
+    code, stdout, _ = train(capsys, "--data", tokens, "--steps", "3", "--clip", "global",
+                            "--clip-norm", norm, "--placement", "small", "--speculate", "2",
+                            "--metrics", str(metrics))  # fmt: skip
+    assert code == 0
+    assert json.loads(stdout)["clipping"] == {
+        "steps": 3, "clipped_steps": clipped, "skipped_steps": 0, "speculated_units": 2,
+        "rolled_back_steps": clipped,
+    }  # fmt: skip
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert sum(r["clipped"] for r in rows if "clipped" in r) == clipped
+    code, stdout, _ = train(capsys, "--data", tokens, "--steps", "2", "--clip", "per-unit")
+    assert code == 0 and "clipping" not in json.loads(stdout)
+
+
 @pytest.mark.parametrize(
     ("skipped", "ok"), [(None, True), ([], True), ([3], False), ([0], False), ("1", False)]
 )
