@@ -127,6 +127,7 @@ class Measured:
     # of the steps done, the share global clipping clipped or skipped (rolled back, where
     # updates speculate); 0 without global clipping
     clipped_share: float = 0.0
+    clipped: frozenset[int] = frozenset()  # those steps (of this run, as `steps`)
 
 
 class Engine:
@@ -204,9 +205,11 @@ class Engine:
         recorder = self.driver.progress.recorder
         steps = set(range(2, self.done + 1))
         first = self.start.step
-        clipped = [s for s in self.driver.built.env.clipped if first < s <= first + self.done]
+        clipped = frozenset(s - first for s in self.driver.built.env.clipped
+                            if first < s <= first + self.done)  # fmt: skip
         share = len(clipped) / self.done if self.done else 0.0
-        return Measured(recorder.steady_busy(), recorder.steady_busy_by_kind(), steps, share)
+        return Measured(recorder.steady_busy(), recorder.steady_busy_by_kind(), steps, share,
+                        clipped)  # fmt: skip
 
     def setup_seconds(self) -> float:
         """This engine's buffers and state set-up: what a move pays about twice over."""

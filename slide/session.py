@@ -229,7 +229,8 @@ def _check_placement(
     ran = pass_plan(p, REPLAN_AFTER)
     if request.speculate == "auto" and request.deferred_updates:  # the share seen, not assumed
         request = replace(request, rollback_share=measured.clipped_share)
-    check = refit.replan(ran, request, measured.busy, measured.steps, measured.by_kind)
+    check = refit.replan(ran, request, measured.busy, measured.steps, measured.by_kind,
+                         measured.clipped)  # fmt: skip
     if check.plan is not None:
         move_s = MOVE_COST_PER_SETUP * engine.setup_seconds()
         keep = _reason_to_stay(ran, check, steps - engine.done, move_s)

@@ -16,6 +16,7 @@ re-fit profile, so measurement noise does not move a run.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
@@ -23,6 +24,7 @@ from slide_ir.ir.graph import lane_kind
 from slide_ir.planning.cost import FLOOR_FIELDS, FLOOR_KINDS, CostModel
 from slide_ir.planning.host_rates import GRID_FIELDS, refit_grid
 from slide_ir.planning.planner import Plan, plan
+from slide_ir.planning.speculation import expected
 from slide_ir.planning.timeline import predict, predict_step_s
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware_parts import Machine, freeze_sources, scale_grid
@@ -56,27 +58,50 @@ class Replanned:
         }
 
 
-def predicted_busy(p: Plan, steps: set[int]) -> tuple[dict[str, float], dict[str, float]]:
+def step_costs(p: Plan, machine: Machine | None = None) -> tuple[CostModel, CostModel]:
+    """The cost model of a step that keeps its speculated updates and of one that rolls them
+    back (the same where nothing speculates), on `machine` (default: `p`'s profile)."""
+    kept = CostModel(machine or p.machine, cpu_threads=p.config.cpu_threads)
+    return kept, kept.rolling_back() if p.config.speculated else kept
+
+
+def expected_step_s(p: Plan, costs: tuple[CostModel, CostModel], share: float) -> float:
+    """`p`'s predicted step with `share` of its steps rolling their speculation back."""
+    kept, back = costs
+    step_s = predict_step_s(p.graph, kept)
+    return expected(step_s, predict_step_s(p.graph, back), share) if back is not kept else step_s
+
+
+def predicted_busy(
+    p: Plan, steps: set[int], rolled_back: AbstractSet[int] = frozenset()
+) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds of op time that `p`'s profile predicts over `steps` of its graph: per lane kind,
-    and per op kind (one prediction for both)."""
-    trace = predict(p.graph, CostModel(p.machine, cpu_threads=p.config.cpu_threads))
+    and per op kind (one prediction for both). The steps in `rolled_back` are priced as steps
+    that rolled their speculated updates back (a redone update is a whole update)."""
+    kept, back = step_costs(p)
+    kept_trace = predict(p.graph, kept)
+    back_trace = predict(p.graph, back) if back is not kept and rolled_back & steps else kept_trace
+    spans = [s for s in kept_trace.spans if s.step in steps - rolled_back]
+    spans += [s for s in back_trace.spans if s.step in steps & rolled_back]
     by_lane: dict[str, float] = {}
     by_kind: dict[str, float] = {}
-    for s in trace.spans:
-        if s.step in steps:
-            by_lane[lane_kind(s.lane)] = by_lane.get(lane_kind(s.lane), 0.0) + s.duration
-            by_kind[s.kind] = by_kind.get(s.kind, 0.0) + s.duration
+    for s in spans:
+        by_lane[lane_kind(s.lane)] = by_lane.get(lane_kind(s.lane), 0.0) + s.duration
+        by_kind[s.kind] = by_kind.get(s.kind, 0.0) + s.duration
     return by_lane, by_kind
 
 
-def fixed_shares(p: Plan, steps: set[int]) -> dict[str, float]:
+def fixed_shares(
+    p: Plan, steps: set[int], rolled_back: AbstractSet[int] = frozenset()
+) -> dict[str, float]:
     """Per lane kind, the share of `p`'s predicted op time over `steps` that no rate scales
     (`CostModel.fixed_seconds`: launches, and dispatch floors where they bind)."""
-    costs = CostModel(p.machine, cpu_threads=p.config.cpu_threads)
+    kept, back = step_costs(p)
     fixed: dict[str, float] = {}
     total: dict[str, float] = {}
     for op in p.graph.ops:
         if op.step in steps:
+            costs = back if op.step in rolled_back else kept
             kind = lane_kind(op.lane)
             fixed[kind] = fixed.get(kind, 0.0) + costs.fixed_seconds(op)
             total[kind] = total.get(kind, 0.0) + costs.seconds(op)
@@ -198,15 +223,19 @@ _DRIVE_RATES = ("read_bytes_per_s", "write_bytes_per_s", "read_grid", "write_gri
 
 
 def fitted_factors(
-    running: Plan, measured: Mapping[str, float], steps: set[int], by_kind: Mapping[str, float]
+    running: Plan,
+    measured: Mapping[str, float],
+    steps: set[int],
+    by_kind: Mapping[str, float],
+    rolled_back: AbstractSet[int] = frozenset(),
 ) -> dict[str, float]:
     """`lane_factors` for the lanes mostly rate-bound; for a GPU lane mostly bound by its
     dispatch floors, `floor_factors` instead (from `by_kind`, busy seconds per op kind): a small
     model's run teaches the profile how long its host takes to issue a layer, not how fast its
     GPU computes."""
-    bound = {kind for kind, share in fixed_shares(running, steps).items()
+    bound = {kind for kind, share in fixed_shares(running, steps, rolled_back).items()
              if share >= MAX_FIXED_SHARE}  # fmt: skip
-    by_lane, predicted_by_kind = predicted_busy(running, steps)
+    by_lane, predicted_by_kind = predicted_busy(running, steps, rolled_back)
     factors = {k: v for k, v in lane_factors(measured, by_lane).items() if k not in bound}
     if "gpu" in bound:
         factors |= floor_factors(running, steps, by_kind, predicted_by_kind)
@@ -219,16 +248,19 @@ def replan(
     measured: Mapping[str, float],
     steps: set[int],
     by_kind: Mapping[str, float],
+    rolled_back: AbstractSet[int] = frozenset(),
 ) -> Replanned:
     """Whether `running` (a plan of `request`, its "auto" choices unresolved) should give way
     to the search's choice on the profile re-fit from `measured` (busy seconds per lane over
-    `steps` of `running.graph`). The new plan has `running`'s steps."""
-    factors = fitted_factors(running, measured, steps, by_kind)
+    `steps` of `running.graph`; `rolled_back`: those of them that rolled speculated updates
+    back). Plans that speculate are timed at the share of the steps that rolled back. The new
+    plan has `running`'s steps."""
+    factors = fitted_factors(running, measured, steps, by_kind, rolled_back)
     machine = refit_machine(running.machine, factors)
-    costs = CostModel(machine, cpu_threads=running.config.cpu_threads)
-    running_s = predict_step_s(running.graph, costs)
+    share = len(rolled_back & steps) / len(steps) if steps else 0.0
+    running_s = expected_step_s(running, step_costs(running, machine), share)
     best = plan(running.model, machine, replace(request, steps=running.config.steps))
-    best_s = predict_step_s(best.graph, costs)
+    best_s = expected_step_s(best, step_costs(best, machine), share)
     chosen = best.choice.chosen if best.choice else None
     was = running.choice.chosen if running.choice else None
     same = chosen == was and best.config.speculate == running.config.speculate

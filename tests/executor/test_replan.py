@@ -18,7 +18,7 @@ def _as_rate_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every lane counts as rate-bound: the tiny model's host updates are mostly their call's
     fixed cost (`host_rates.ADAM_CALL_S`, 30 us against a few us of elements), so the re-fit
     would rightly leave the cpu rates alone; these tests are about the move itself."""
-    monkeypatch.setattr(refit, "fixed_shares", lambda p, steps: {})
+    monkeypatch.setattr(refit, "fixed_shares", lambda p, steps, rolled_back=(): {})
 
 
 def test_a_slow_cpu_lane_moves_units_to_the_gpu(monkeypatch):

@@ -155,7 +155,9 @@ def test_a_speculated_prediction_mixes_kept_and_rolled_back_steps_at_the_measure
               "speculation": speculation}  # fmt: skip
     assert against_plan(placed, 1.5, nproc=1, clipped=0.5)["step_time_error"] == 0.0
     assert against_plan(placed, 1.5, nproc=1, clipped=0.0)["step_time_error"] == 0.5
-    assert against_plan(placed, 1.5, nproc=1)["step_time_error"] == 0.2  # no steady steps: the prior
+    assert (
+        against_plan(placed, 1.5, nproc=1)["step_time_error"] == 0.2
+    )  # no steady steps: the prior
 
 
 @pytest.mark.parametrize(("norm", "clipped"), [("1e-9", 3), ("1e9", 0)])

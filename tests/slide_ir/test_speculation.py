@@ -77,3 +77,22 @@ def test_a_plan_speculating_none_has_no_rollback_slots(llama8b, pc):
     assert p.config.speculate == 0
     assert not any(t.pool.role == PoolRole.ROLLBACK for t in p.ledger.terms)
     assert not any(op.kind == OpKind.REDO for op in p.graph.ops)
+
+
+def test_a_refit_prices_rolled_back_steps_as_rolled_back(llama8b, pc):
+    """A run whose steps rolled back (clipped: every REDO redid its update) re-fits nothing
+    when its lanes took what a rolled-back step is predicted to take; priced as kept steps, the
+    CPU lane would read as slower than it is, and the profile kept for the next runs with it."""
+    from slide_ir.planning import refit
+
+    p = plan(llama8b, pc, replace(GLOBAL, speculate=6, steps=4))
+    steps, rolled = {2, 3, 4}, frozenset({2, 3, 4})
+    kept_busy, _ = refit.predicted_busy(p, steps)
+    busy, by_kind = refit.predicted_busy(p, steps, rolled)
+    assert busy["cpu"] > kept_busy["cpu"]
+    assert all(
+        abs(f - 1) < 1e-9 for f in refit.fitted_factors(p, busy, steps, by_kind, rolled).values()
+    )
+    assert refit.fitted_factors(p, busy, steps, by_kind)["cpu"] > 1.05
+    half, _ = refit.predicted_busy(p, steps, frozenset({3}))
+    assert kept_busy["cpu"] < half["cpu"] < busy["cpu"]
