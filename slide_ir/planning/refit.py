@@ -35,6 +35,11 @@ FACTOR_RANGE = (0.1, 10.0)  # a lane measured outside this is a fault, not a rat
 # nothing about its rates: batch 1 x seq 128 of llama-3.2-1b measured its GPU lane at 3.3x the
 # rates' time, which would have cut the cached profile's GPU rates 3.3-fold.
 MAX_FIXED_SHARE = 0.5
+# A lane busy for less of the steps than this says little about its rates, and what it says
+# is kept for every later plan of the shape: on the H200, 2 host-updated layers of a 3B step
+# (8% of it) re-fit the CPU at 0.40x its time, and the next run, planned on that, slid 26
+# layers and ran 54% slower than predicted.
+MIN_BUSY_SHARE = 0.2
 P = TypeVar("P")
 
 
@@ -229,13 +234,15 @@ def fitted_factors(
     by_kind: Mapping[str, float],
     rolled_back: AbstractSet[int] = frozenset(),
 ) -> dict[str, float]:
-    """`lane_factors` for the lanes mostly rate-bound; for a GPU lane mostly bound by its
-    dispatch floors, `floor_factors` instead (from `by_kind`, busy seconds per op kind): a small
-    model's run teaches the profile how long its host takes to issue a layer, not how fast its
-    GPU computes."""
+    """`lane_factors` for the lanes mostly rate-bound and busy for at least `MIN_BUSY_SHARE`
+    of the steps; for a GPU lane mostly bound by its dispatch floors, `floor_factors` instead
+    (from `by_kind`, busy seconds per op kind): a small model's run teaches the profile how long
+    its host takes to issue a layer, not how fast its GPU computes."""
     bound = {kind for kind, share in fixed_shares(running, steps, rolled_back).items()
              if share >= MAX_FIXED_SHARE}  # fmt: skip
     by_lane, predicted_by_kind = predicted_busy(running, steps, rolled_back)
+    wall_s = len(steps) * predict_step_s(running.graph, step_costs(running)[0])
+    bound |= {kind for kind, seconds in by_lane.items() if seconds < MIN_BUSY_SHARE * wall_s}
     factors = {k: v for k, v in lane_factors(measured, by_lane).items() if k not in bound}
     if "gpu" in bound:
         factors |= floor_factors(running, steps, by_kind, predicted_by_kind)

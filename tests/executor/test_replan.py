@@ -156,3 +156,24 @@ def test_the_session_writes_the_refit_into_the_host_profile(monkeypatch):
     assert written == [result.meta["replan"]["factors"]] and written[0]["cpu"] == 1.5
     run_executor(False, placement="fast", train_kwargs={"replan_request": REQUEST})
     assert len(written) == 1  # without it, the profile is left alone
+
+
+def test_a_lane_busy_for_little_of_the_step_is_not_refit():
+    """A placement whose host updates take a few percent of its step measures little about
+    the host's rates: its CPU lane at 0.4x the prediction re-fits nothing (that profile is
+    kept for the shape's next plans, which may slide every layer). The same reading where
+    the CPU lane carries the step re-fits it."""
+    from slide_ir.planning.planner import plan
+    from slide_ir.specs.model_catalog import load_model
+
+    m, model, steps = load_machine("h200-16c-128g"), load_model("llama-3.2-3b"), {2, 3}
+    for placement, extra, refits in (("fast", {"resident": 27}, False), ("small", {}, True)):
+        config = TrainConfig(batch=16, seq=1024, steps=6, placement=placement, **extra)
+        running = plan(model, m, config)
+        measured, by_kind = refit.predicted_busy(running, steps)
+        measured["cpu"] *= 0.4
+        wall_s = len(steps) * refit.predict_step_s(running.graph, refit.step_costs(running)[0])
+        share = refit.predicted_busy(running, steps)[0]["cpu"] / wall_s
+        assert (share >= refit.MIN_BUSY_SHARE) == refits, share
+        factors = refit.fitted_factors(running, measured, steps, by_kind)
+        assert ("cpu" in factors) == refits, factors
