@@ -11,7 +11,7 @@ from slide_ir.ir.drives import drive_contents, drive_paths
 from slide_ir.ir.graph import PoolRole
 from slide_ir.planning.advice import suggest_fixes
 from slide_ir.planning.ledger import REPORT_TIERS, Ledger, build_ledger
-from slide_ir.planning.placement import PlacementChoice
+from slide_ir.planning.placement_choice import PlacementChoice
 from slide_ir.planning.planner import Plan
 from slide_ir.specs.hardware_parts import GIB
 

@@ -1,176 +1,31 @@
 """The default placement: resident, streamed and sliding units, where the layer inputs live and
 the cache depth, chosen together as the fastest predicted plan that fits.
 
-A `Placement` names counts: the first `resident` units of `resident_preference` live whole on
-the GPU, the next `streamed` are updated there with their FP32 state streamed over the link, the
-rest slide (updated by the host). A candidate fits when every tier does and its GPU ledger stays
-under `ledger.gpu_budget` ((1 - gpu_margin) of the GPU, capped by `gpu_memory_gb`); the
-smallest placement (`floors`) needs only to fit, as a pinned plan does. Each candidate that fits
-is built as a RANK_STEPS-step graph and timed by `slide_ir.planning.timeline`, which is the simulator's
-prediction of that graph, op for op (tests/simulator/test_timeline.py); the shortest steady
-step wins, equal steps (to TIE_DIGITS) to the smaller GPU footprint. Only free dimensions are
-searched: a count, place or depth the user gave is kept.
+A `Placement` (`slide_ir.planning.placement_choice`) names counts: the first `resident` units
+of `resident_preference` live whole on the GPU, the next `streamed` are updated there with
+their FP32 state streamed over the link, the rest slide (updated by the host). A candidate fits
+when every tier does and its GPU ledger stays under `ledger.gpu_budget` ((1 - gpu_margin) of
+the GPU, capped by `gpu_memory_gb`); the smallest placement (`PlacementSearch.floors`) needs only to fit, as a
+pinned plan does. The fastest predicted steady step that fits wins, equal steps to the smaller
+GPU footprint; `slide_ir.planning.placement_search` says which candidates are timed, in what
+order, and why.
 
-1. Seeds, per activation placement: the rule before this search (no resident units; streamed
-   units by the closed-form estimate of `streaming.choose_streamed`), and nothing on the GPU.
-2. The resident count, per activation placement, by golden-section search over the counts
-   that fit: the step is the longer of a bound that falls with the count (host updates, the
-   link) and one that rises (device updates on the compute lane), one minimum. Then streamed
-   units for the memory left, by the closed-form estimate.
-3. Other cache depths (DEPTHS) for the fastest, its resident count re-fitted to each; where
-   nothing fits at the default depth, the search runs again with two cache units.
-4. Kept tapes (`TrainConfig.keep_activations`: the top layers' forwards keep their autograd
-   tapes, so they are not recomputed) for the fastest, by golden-section search over 0 to the
-   most that fit with no resident units, each count with as many resident units as fit beside
-   it: tapes and resident units compete for the same GPU memory, and less recompute leaves the
-   host's updates the bottleneck, which more resident units relieve; along that frontier the
-   step falls with the recompute saved and rises once resident units must go, one minimum.
-   Skipped when one tape beside the fastest's own units does not shorten its step (the compute
-   lane does not bound it; the fastest's resident count was not cut short by memory).
-   Then fewer resident units beside the fastest's tapes, one at a time while faster (device
-   updates run on the compute lane). With the chosen inputs and depth, this finds the best of
-   every even count of tapes x every resident count that fits for llama-3.2-3b and -3.1-8b at
-   batch 16 on the H200, and beats it by 0.9% on the RTX 4090 preset (an odd count).
-
-Resident units are searched before streamed ones: a streamed unit's GPU staging (FP32 master,
-moments and the update's FP32 gradient: 16 B/param with FP32 moments) costs what a resident
-unit (BF16 weights and grads, FP32 master and moments) does, and a resident unit moves nothing
-over the link. On the catalog presets the search lands within 1.7% of the best of every
-activation x depth x resident count (tests/slide_ir/test_placement.py checks two of them).
+Here are the planner's entry points: `choose_placement` for a plan, and `plan_fits` and
+`smallest_ledger`, which answer from ledgers alone (no graph is built or timed) for the
+bisections over batch or model size.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from slide_ir.ir.graph import Graph
-from slide_ir.planning.cost import CostModel
-from slide_ir.planning.ledger import Ledger, build_ledger, gpu_budget, resident_preference
-from slide_ir.planning.sharding import rank_bytes, rank_overflows, shard_graph
-from slide_ir.planning.streaming import choose_streamed
-from slide_ir.planning.timeline import predict_step_s
+from slide_ir.planning.ledger import Ledger, build_ledger
+from slide_ir.planning.placement_choice import Candidate, Placement, PlacementChoice
+from slide_ir.planning.placement_search import Build, PlacementSearch
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec
-
-RANK_STEPS = 3  # steps of a candidate's graph: the steady step (>= 2) is what is ranked
-DEPTHS = (2, 3, 4, 6)  # cache depths searched, around DEFAULT_CACHE_UNITS
-GOLDEN = 0.382
-TIE_DIGITS = 9
-Build = Callable[[TrainConfig, Ledger], Graph]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True, order=True)
-class Placement:
-    activations: str
-    cache_units: int
-    resident: int  # the first units of `resident_preference`
-    streamed: int  # the next ones
-    kept: int = 0  # the top decoder layers whose forward keeps its tape (no recompute)
-
-    def units(self, model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(resident units, streamed units)."""
-        order = resident_preference(model)
-        rest = order[self.resident :]
-        return order[: self.resident], rest[: self.streamed]
-
-    def describe(self, model: ModelSpec) -> str:
-        sliding = len(resident_preference(model)) - self.resident - self.streamed
-        depth = f", {self.cache_units} cache units" if sliding else ""
-        return (
-            f"{self.resident} resident, {self.streamed} streamed, {sliding} sliding units; "
-            f"inputs on {self.activations}{depth}; {self.kept} kept tapes"
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Candidate:
-    placement: Placement
-    step_s: float  # predicted steady step; inf when it does not fit (never timed)
-    gpu_bytes: int
-
-    @property
-    def fits(self) -> bool:
-        return math.isfinite(self.step_s)
-
-    def rank(self) -> tuple[float, int, Placement]:
-        """Faster first; steps equal to TIE_DIGITS significant digits (one critical path
-        summed in another order) rank by GPU footprint, then by placement."""
-        return float(f"{self.step_s:.{TIE_DIGITS}g}"), self.gpu_bytes, self.placement
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PlacementChoice:
-    chosen: Placement
-    # "searched": fastest of `considered`; "pinned": nothing was left to choose; "small":
-    # `placement="small"`; "schedule": a baseline schedule (nothing slides); "nothing fits":
-    # no candidate fits, the smallest footprint is shown
-    how: str
-    considered: tuple[Candidate, ...] = ()  # every candidate timed, fastest first
-    legacy: Placement | None = (
-        None  # the rule before the search: no resident units, streamed by estimate
-    )
-    ledger: Ledger | None = None  # the chosen placement's, when the search built it
-
-    @property
-    def predicted_step_s(self) -> float | None:
-        return next((c.step_s for c in self.considered if c.placement == self.chosen), None)
-
-    @property
-    def runner_up(self) -> Candidate | None:
-        """The fastest candidate that places units or inputs otherwise (another cache depth or
-        count of kept tapes of the choice only when there is none: one tape more or less, or
-        the depth, rarely matters by more than a few %)."""
-        others = [c for c in self.considered if c.placement != self.chosen]
-        same = {"cache_units": self.chosen.cache_units, "kept": self.chosen.kept}
-        moved = [c for c in others if replace(c.placement, **same) != self.chosen]  # type: ignore[arg-type]
-        return next(iter(moved or others), None)
-
-    def candidate(self, placement: Placement | None) -> Candidate | None:
-        return next((c for c in self.considered if c.placement == placement), None)
-
-    def summary(self, model: ModelSpec) -> dict[str, object]:
-        """JSON-ready: what was chosen and how, with the predicted steps of the choice, the
-        runner-up, the rule before the search (None where not timed) and the three fastest."""
-        runner = self.runner_up
-        return {
-            "how": self.how,
-            "chosen": _entry(model, self.chosen, self.predicted_step_s),
-            "runner_up": runner and _entry(model, runner.placement, runner.step_s),
-            "legacy": self.legacy and _entry(model, self.legacy, self._step_of(self.legacy)),
-            "candidates": len(self.considered),
-            "top": [_entry(model, c.placement, c.step_s) for c in self.considered[:3]],
-        }
-
-    def _step_of(self, placement: Placement) -> float | None:
-        found = self.candidate(placement)
-        return found.step_s if found else None
-
-    def resolve(self, config: TrainConfig) -> TrainConfig:
-        """`config` with every "auto" replaced by the choice (re-planning it gives this plan)."""
-        p = self.chosen
-        return replace(
-            config,
-            activations=p.activations,
-            cache_units=p.cache_units,
-            resident=p.resident,
-            streamed=p.streamed,
-            keep_activations=p.kept,
-        )
-
-
-def _entry(model: ModelSpec, p: Placement, step_s: float | None) -> dict[str, object]:
-    resident, streamed = p.units(model)
-    return {
-        "activations": p.activations,
-        "cache_units": p.cache_units,
-        "resident_units": list(resident),
-        "streamed_units": list(streamed),
-        "kept_tapes": p.kept,
-        "predicted_step_s": step_s,
-    }
 
 
 def choose_placement(
@@ -178,7 +33,7 @@ def choose_placement(
 ) -> PlacementChoice:
     """The placement of `config`: its pinned values, and the fastest predicted choice of the
     rest (`placement="fast"`) or the smallest footprint (`"small"`). `nproc` > 1: for one rank
-    of data-parallel sliding, each candidate sized and timed sharded (see `_Search`)."""
+    of data-parallel sliding, each candidate sized and timed sharded (see `PlacementSearch`)."""
     if config.schedule != "sliding":  # nothing slides: no units to place, no cache ring
         acts = "cpu" if config.activations == "auto" else config.activations
         chosen = Placement(activations=acts, cache_units=config.cache_depth, resident=0, streamed=0)
@@ -188,7 +43,7 @@ def choose_placement(
                 f"(got '{config.schedule}'); use 0 or 'auto'"
             )
         return PlacementChoice(chosen=chosen, how="schedule")
-    search = _Search(model, machine, config, build, nproc)
+    search = PlacementSearch(model, machine, config, build, nproc)
     if config.placement == "small" or not search.free:
         how = "small" if config.placement == "small" and search.free else "pinned"
         return PlacementChoice(chosen=search.smallest(), how=how)
@@ -214,7 +69,7 @@ def plan_fits(model: ModelSpec, machine: Machine, config: TrainConfig) -> bool:
     consider fits every tier (ledgers only: for bisections over batch or model size)."""
     if config.schedule != "sliding":
         return smallest_ledger(model, machine, config).feasible
-    search = _Search(model, machine, config, _no_build)
+    search = PlacementSearch(model, machine, config, _no_build)
     if config.placement == "small" or not search.free:
         return search.ledger(search.smallest()).feasible
     return search.anything_fits()
@@ -226,283 +81,9 @@ def smallest_ledger(model: ModelSpec, machine: Machine, config: TrainConfig) -> 
     if config.schedule != "sliding":
         acts = "cpu" if config.activations == "auto" else config.activations
         return build_ledger(model, machine, replace(config, activations=acts))
-    search = _Search(model, machine, config, _no_build)
+    search = PlacementSearch(model, machine, config, _no_build)
     return search.ledger(search.smallest())
 
 
 def _no_build(config: TrainConfig, ledger: Ledger) -> Graph:
     raise AssertionError("plan_fits builds no graph")
-
-
-def _pinned(config: TrainConfig, activations: str, resident: int, streamed: int) -> Placement:
-    """`config`'s own values where given, the arguments for its "auto" counts (and no kept
-    tapes for an "auto" count of them)."""
-    return Placement(
-        activations=activations,
-        cache_units=config.cache_depth,
-        resident=resident if config.resident == "auto" else int(config.resident),
-        streamed=streamed if config.streamed == "auto" else int(config.streamed),
-        kept=config.kept_tapes,
-    )
-
-
-def _check_counts(model: ModelSpec, config: TrainConfig) -> None:
-    """Pinned counts within the model's units (the embedding, the decoder layers, the head)."""
-    units = len(resident_preference(model))
-    if isinstance(config.resident, int) and config.resident > units:
-        raise ValueError(
-            f"resident must be at most {units} for {model.name} (the embedding, "
-            f"{model.num_layers} decoder layers, the head), got {config.resident}"
-        )
-    layers = model.num_layers
-    if isinstance(config.keep_activations, int) and config.keep_activations > layers:
-        raise ValueError(
-            f"keep_activations must be at most {layers} (the decoder layers of {model.name}), "
-            f"got {config.keep_activations}"
-        )
-    sliding = units - (config.resident if isinstance(config.resident, int) else 0)
-    if isinstance(config.streamed, int) and config.streamed > sliding:
-        raise ValueError(
-            f"streamed must be at most {sliding} (the sliding units of {model.name}), "
-            f"got {config.streamed}"
-        )
-
-
-class _Search:
-    """The candidates of one configuration, each ledger and timing computed once. With `nproc`
-    data-parallel ranks a candidate is what rank 0 (the largest shard) holds and runs: its
-    pools sharded (resident units' FP32 state 1/N on each GPU; host state shared by the N
-    ranks of the host), its graph with the collectives, its host work at 1/N of the host."""
-
-    def __init__(
-        self, model: ModelSpec, machine: Machine, config: TrainConfig, build: Build, nproc: int = 1
-    ):
-        self.model, self.machine, self.config, self.build = model, machine, config, build
-        self.nproc = nproc
-        self.budget = gpu_budget(machine, config)
-        self.costs = CostModel(machine, cpu_threads=config.cpu_threads, nproc=nproc)
-        self.timed: dict[Placement, Candidate] = {}
-        self.ledgers: dict[Placement, Ledger] = {}
-        plain = (config.optimizer, config.grad_accum) == ("cpu", 1) and not config.deferred_updates
-        self.acts = ("cpu", "gpu") if config.activations == "auto" else (config.activations,)
-        self.free_resident = config.resident == "auto"
-        self.free_streamed = config.streamed == "auto" and plain
-        self.free_depth = config.cache_units == "auto"
-        self.free_tapes = config.keep_activations == "auto"
-        self.free = (
-            len(self.acts) > 1
-            or self.free_resident
-            or self.free_streamed
-            or self.free_depth
-            or self.free_tapes
-        )
-        _check_counts(model, config)
-
-    def smallest(self) -> Placement:
-        return _pinned(self.config, self.acts[0], 0, 0)
-
-    # -- seeds and refinement --------------------------------------------------------------
-    def seed(self) -> Placement:
-        """Time the rule before the search and nothing on the GPU, per activation placement;
-        return that rule's own choice (the inputs on the GPU when it streams and fits there)."""
-        legacy = {acts: self.legacy(acts) for acts in self.acts}
-        for acts, p in legacy.items():
-            self.time(p)
-            self.time(self.base(acts))
-        on_gpu = legacy.get("gpu")
-        if on_gpu is not None and on_gpu.streamed and self.fits(on_gpu):
-            return on_gpu
-        return legacy[self.acts[0]]
-
-    def base(self, acts: str, depth: int | None = None) -> Placement:
-        """Pinned counts, 0 for the free ones."""
-        p = _pinned(self.config, acts, 0, 0)
-        return p if depth is None else replace(p, cache_units=depth)
-
-    def legacy(self, acts: str) -> Placement:
-        """Today's rule: no resident units unless pinned, streamed ones by the estimate."""
-        return self.with_estimated_streams(self.base(acts))
-
-    def with_estimated_streams(self, p: Placement) -> Placement:
-        if not self.free_streamed:
-            return p
-        resident, _ = p.units(self.model)
-        config = replace(self.config_of(p), streamed="auto")
-        streamed = choose_streamed(self.model, self.machine, config, resident)
-        return replace(p, streamed=len(streamed))
-
-    def refine(self, depth: int | None = None) -> None:
-        """Per activation placement: the resident count by golden-section search, then
-        streamed units for the memory left; then the cache depth of the fastest."""
-        for acts in self.acts:
-            best = self.best_resident(self.base(acts, depth))
-            if best is not None:
-                self.time(self.with_estimated_streams(best))
-        fastest = self.fastest()
-        if self.free_depth and fastest.cache_units == self.config.cache_depth:
-            self.refine_depth(fastest)
-
-    def anything_fits(self) -> bool:
-        """Whether the search would find a placement that fits (ledgers only, no timing)."""
-        depths = {self.config.cache_depth, 2} if self.free_depth else {self.config.cache_depth}
-        if any(self.fits(p) for p in (*self.floors(), *map(self.legacy, self.acts))):
-            return True
-        if not self.free_resident:
-            return any(self.fits(self.base(a, d)) for a in self.acts for d in depths)
-        return any(self.resident_counts(self.base(a, d)) for a in self.acts for d in depths)
-
-    def best_resident(self, base: Placement) -> Placement | None:
-        """The resident count, other choices as in `base`, with the shortest step."""
-        if not self.free_resident:
-            return base if self.fits(base) else None
-        counts = self.resident_counts(base)
-        if not counts:
-            return None
-        i = _argmin(
-            lambda i: self.time(replace(base, resident=counts[i])).step_s, 0, len(counts) - 1
-        )
-        return replace(base, resident=counts[i])
-
-    def refine_depth(self, best: Placement) -> None:
-        """Other depths for the fastest placement, its resident count clipped to what fits
-        there (the most that fit, if it had the most at its own depth)."""
-        resident, _ = best.units(self.model)
-        if all(u in resident for u in range(1, self.model.num_layers + 1)):
-            return  # nothing slides: no cache units
-        own = self.resident_counts(best) if self.free_resident else []
-        for depth in DEPTHS:
-            p = replace(best, cache_units=depth)
-            counts = self.resident_counts(p) if self.free_resident else []
-            if counts:
-                most = bool(own) and best.resident == own[-1]
-                near = min(counts, key=lambda r: (abs(r - best.resident), r))
-                p = replace(p, resident=counts[-1] if most else near)
-            self.time(p)
-
-    def refine_tapes(self, start: Placement | None = None) -> None:
-        """Kept tapes for the fastest placement (step 4 of the module docstring), or for `start`
-        at its own resident units."""
-        if not self.free_tapes or not self.timed:
-            return
-        best = start or self.fastest()
-        if not self.fits(best):
-            return
-        most = _last_true(lambda k: self.gpu_fits(self.with_tapes(best, k, 0)), 0,
-                          self.model.num_layers)  # fmt: skip
-        one = self.with_tapes(best, 1, best.resident)
-        if not most or (one.resident == best.resident and not self.faster(one, best)):
-            return  # the compute lane does not bound the step: less recompute cannot help
-        units = len(resident_preference(self.model)) - best.streamed
-        frontier = units if self.free_resident and start is None else best.resident
-        _argmin(lambda k: self.time(self.with_tapes(best, k, frontier)).step_s, 0, most)
-        p = self.fastest()
-        while p.kept and self.free_resident and p.resident > 0:
-            fewer = replace(p, resident=p.resident - 1)
-            if not self.faster(fewer, p):
-                break
-            p = fewer
-
-    def faster(self, p: Placement, than: Placement) -> bool:
-        return self.time(p).rank() < self.time(than).rank()
-
-    def with_tapes(self, p: Placement, kept: int, resident: int) -> Placement:
-        """`p` with `kept` tapes and `resident` units, fewer where fewer fit beside the tapes."""
-        p = replace(p, kept=kept, resident=resident if self.free_resident else p.resident)
-        if not self.free_resident or self.gpu_fits(p):
-            return p
-        top = _last_true(lambda r: self.gpu_fits(replace(p, resident=r)), 0, resident)
-        return replace(p, resident=top or 0)
-
-    def fastest(self) -> Placement:
-        """The fastest timed candidate (one that does not fit when none does)."""
-        return min(self.timed.values(), key=Candidate.rank).placement
-
-    # -- what fits --------------------------------------------------------------------------
-    def resident_counts(self, p: Placement) -> list[int]:
-        """The resident counts that fit with `p`'s other choices, in order. The GPU ledger grows
-        with the count (bisected); the host's mostly shrinks, but not always (the first unit
-        on the GPU gives every host-updated layer a landing buffer), so each is checked."""
-        most = len(resident_preference(self.model)) - p.streamed
-        top = _last_true(lambda r: self.gpu_fits(replace(p, resident=r)), 0, most)
-        if top is None:
-            return []
-        return [r for r in range(top + 1) if self.feasible(replace(p, resident=r))]
-
-    def gpu_fits(self, p: Placement) -> bool:
-        return self.gpu_bytes(p) <= self.budget
-
-    def gpu_bytes(self, p: Placement) -> int:
-        """What `p` holds on (each rank's) GPU."""
-        if self.nproc == 1:
-            return self.ledger(p).peak_bytes("gpu")
-        return rank_bytes(self.ledger(p), self.model, self.nproc)["gpu"]
-
-    def feasible(self, p: Placement) -> bool:
-        """Every tier fits: a GPU per rank, the host's RAM and drives for all ranks."""
-        if self.nproc == 1:
-            return self.ledger(p).feasible
-        return not rank_overflows(self.ledger(p), self.model, self.nproc)
-
-    def fits(self, p: Placement) -> bool:
-        """Every tier fits; the GPU also under the budget, unless `p` is the smallest placement
-        (at the default depth, or with two cache units when the depth is free): nothing chosen
-        adds to the GPU, so it is judged like a pinned plan, as before this search."""
-        return self.feasible(p) and (p in self.floors() or self.gpu_fits(p))
-
-    def floors(self) -> set[Placement]:
-        small = self.smallest()
-        return {small, replace(small, cache_units=2)} if self.free_depth else {small}
-
-    def config_of(self, p: Placement) -> TrainConfig:
-        return replace(
-            self.config,
-            activations=p.activations,
-            cache_units=p.cache_units,
-            resident=p.resident,
-            streamed=p.streamed,
-            keep_activations=p.kept,
-            steps=RANK_STEPS,
-        )
-
-    def ledger(self, p: Placement) -> Ledger:
-        if p not in self.ledgers:
-            resident, streamed = p.units(self.model)
-            self.ledgers[p] = build_ledger(
-                self.model, self.machine, self.config_of(p), resident, streamed
-            )
-        return self.ledgers[p]
-
-    def time(self, p: Placement) -> Candidate:
-        """`p`'s predicted steady step (inf, untimed, when it does not fit)."""
-        if p not in self.timed:
-            ledger = self.ledger(p)
-            step_s = math.inf
-            if self.fits(p):
-                graph = self.build(self.config_of(p), ledger)
-                graph = shard_graph(graph, self.model, self.nproc, 0, check=False)
-                step_s = predict_step_s(graph, self.costs)
-            self.timed[p] = Candidate(placement=p, step_s=step_s, gpu_bytes=self.gpu_bytes(p))
-        return self.timed[p]
-
-
-def _argmin(f: Callable[[int], float], lo: int, hi: int) -> int:
-    """Integer argmin of a unimodal `f` on [lo, hi] by golden-section search (`f` memoized by
-    the caller); the smallest argument among equal values."""
-    while hi - lo > 3:
-        a = lo + round(GOLDEN * (hi - lo))
-        b = max(hi - round(GOLDEN * (hi - lo)), a + 1)
-        if f(a) <= f(b):
-            hi = b
-        else:
-            lo = a
-    return min(range(lo, hi + 1), key=lambda x: (f(x), x))
-
-
-def _last_true(ok: Callable[[int], bool], lo: int, hi: int) -> int | None:
-    """Largest x in [lo, hi] with ok(x), for ok true up to some x and false after."""
-    if not ok(lo):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
-    return lo

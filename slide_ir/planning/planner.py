@@ -21,7 +21,9 @@ from slide_ir.planning.builder import GraphBuilder
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.evaluation import emit_eval, eval_flops_per_batch
 from slide_ir.planning.ledger import Ledger, build_ledger, lce_chunk_tokens, resident_preference
-from slide_ir.planning.placement import RANK_STEPS, PlacementChoice, choose_placement
+from slide_ir.planning.placement import choose_placement
+from slide_ir.planning.placement_choice import PlacementChoice
+from slide_ir.planning.placement_search import RANK_STEPS
 from slide_ir.planning.schedules import Ctx
 from slide_ir.planning.sharding import shard_graph
 from slide_ir.planning.sliding import emit_sliding

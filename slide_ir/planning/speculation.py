@@ -19,20 +19,17 @@ whose ledger fits (the rollback slots are RAM).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from slide_ir.ir.graph import Graph
 from slide_ir.planning.cost import CostModel
+from slide_ir.planning.integer_search import argmin_unimodal, last_true
 from slide_ir.planning.ledger import Ledger, build_ledger, speculated_units
-from slide_ir.planning.placement import RANK_STEPS, _argmin, _last_true
+from slide_ir.planning.placement_search import RANK_STEPS, Build
 from slide_ir.planning.sharding import shard_graph
 from slide_ir.planning.timeline import predict_step_s
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec
-
-Build = Callable[[TrainConfig, Ledger], Graph]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,8 +102,8 @@ def choose_speculation(
     if config.speculate != "auto":
         k = min(int(config.speculate), most)
     else:
-        fits = _last_true(lambda k: ledger(k).feasible, 0, most)
-        k = 0 if fits is None else _argmin(cost, 0, fits)
+        fits = last_true(lambda k: ledger(k).feasible, 0, most)
+        k = 0 if fits is None else argmin_unimodal(cost, 0, fits)
         k = k if cost(k) < cost(0) else 0
     step_s, rollback_s = time(k)
     return Speculation(units=k, step_s=step_s, rollback_step_s=rollback_s,

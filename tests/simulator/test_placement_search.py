@@ -14,7 +14,7 @@ from slide_ir import TrainConfig, load_machine, load_model, model_names
 from slide_ir.ir.trace import trace_metrics
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.ledger import build_ledger
-from slide_ir.planning.placement import PlacementChoice
+from slide_ir.planning.placement_choice import PlacementChoice
 from slide_ir.planning.planner import Plan, plan
 from slide_ir.planning.streaming import choose_streamed
 

@@ -11,14 +11,9 @@ import pytest
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.ledger import build_ledger, resident_preference
-from slide_ir.planning.placement import (
-    DEPTHS,
-    Placement,
-    _argmin,
-    _last_true,
-    _Search,
-    plan_fits,
-)
+from slide_ir.planning.placement import plan_fits
+from slide_ir.planning.placement_choice import Placement
+from slide_ir.planning.placement_search import DEPTHS, PlacementSearch
 from slide_ir.planning.planner import build_graph, plan, plan_from_json, plan_to_json
 from slide_ir.planning.timeline import predict_step_s
 
@@ -38,7 +33,7 @@ def h200():
 
 
 def _search(model, machine, config):
-    return _Search(model, machine, config, partial(build_graph, model, machine))
+    return PlacementSearch(model, machine, config, partial(build_graph, model, machine))
 
 
 # -- the choice -----------------------------------------------------------------------------------
@@ -298,24 +293,6 @@ def test_planning_stays_interactive(h200):
     every = (model.num_layers + 1) ** 2  # resident x streamed counts alone, before depths
     assert p.choice.how == "searched"
     assert 0 < len(p.choice.considered) <= 64 < every
-
-
-# -- the one-dimensional searches -----------------------------------------------------------------
-@pytest.mark.parametrize("lo", [0, 3])
-@pytest.mark.parametrize("width", [0, 1, 2, 3, 4, 7, 20, 34])
-def test_argmin_finds_the_minimum_of_a_unimodal_function(lo, width):
-    hi = lo + width
-    for m in range(lo, hi + 1):
-        values = {x: abs(x - m) * (1.0 if x < m else 2.5) for x in range(lo, hi + 1)}
-        assert _argmin(values.__getitem__, lo, hi) == m
-    flat = _argmin(lambda x: 1.0, lo, hi)  # ties: the smallest
-    assert flat == lo
-
-
-def test_last_true_bisects_a_falling_predicate():
-    assert _last_true(lambda x: x <= 6, 0, 10) == 6
-    assert _last_true(lambda x: x <= 60, 0, 10) == 10
-    assert _last_true(lambda x: x < 0, 0, 10) is None
 
 
 def test_the_plan_uses_the_ledger_its_search_built(h200):
