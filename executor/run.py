@@ -29,10 +29,12 @@ from executor import knobs as knobs_mod
 from executor import setup as setup_mod
 from executor.adam import AdamWConfig
 from executor.evaluation import Eval, OnEval
-from executor.loop import DataError, Driver, NonFiniteLossError, OnSave, OnStep, Saver
+from executor.loop import Driver, OnSave, OnStep, Saver
 from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.recording import StepWindow, default_trace_steps
+from executor.repetition import NonFiniteLossError
+from executor.staging import DataError
 from executor.state import ReadState, read_on_main
 from slide_ir.ir.drives import NvmeDirs
 from slide_ir.ir.graph import Tier

@@ -232,7 +232,7 @@ def eval_summary(evals: LossStats) -> dict[str, Any]:
 
 def steady_rate(steady: dict[str, Any] | None, m: Metrics, nproc: int) -> tuple[float, float, str]:
     """Tokens/s, seconds per step, and which steps they cover: every steady step of the run
-    (`executor.loop.SteadySteps`: all ranks' tokens), or the trace window's where there was
+    (`executor.progress.SteadySteps`: all ranks' tokens), or the trace window's where there was
     none (a one-step run)."""
     if steady and steady["steps"]:
         first, last = steady["first"], steady["first"] + steady["steps"] - 1

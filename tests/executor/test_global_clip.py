@@ -18,10 +18,11 @@ from runs import (
     run_executor,
 )
 
-from executor import loop
+from executor import repetition
 from executor.clipping import clip_scale, hf_order, param_norms
+from executor.env import MicroBatch
 from executor.layout import unit_layouts
-from executor.loop import NonFiniteLossError
+from executor.repetition import NonFiniteLossError
 from slide_ir.ir.graph import OpKind, PoolRole
 
 CLIP = {"clip": "global", "clip_norm": 0.05}  # small enough that every step clips
@@ -103,16 +104,16 @@ def test_shard_norms_cover_the_unit() -> None:
 
 def _poison(monkeypatch: pytest.MonkeyPatch, steps: set[int]) -> None:
     """The micro-batches of global `steps` scaled by NaN: their gradients are all NaN."""
-    real = loop.micro_batches
+    real = repetition.micro_batches
 
     def poisoned(it, step, info, base, staging, ranks=None):  # type: ignore[no-untyped-def]
         out = real(it, step, info, base, staging, ranks)
         if base + step in steps:
-            out = [loop.MicroBatch(step=m.step, micro=m.micro, tokens=m.tokens,
-                                   scale=float("nan")) for m in out]  # fmt: skip
+            out = [MicroBatch(step=m.step, micro=m.micro, tokens=m.tokens,
+                              scale=float("nan")) for m in out]  # fmt: skip
         return out
 
-    monkeypatch.setattr(loop, "micro_batches", poisoned)
+    monkeypatch.setattr(repetition, "micro_batches", poisoned)
 
 
 @pytest.mark.parametrize("extra", [{}, {"resident": 2}], ids=["sliding", "resident-mix"])

@@ -17,6 +17,7 @@ from hf_models import spec_of
 from runs import assert_bitwise_equal, model_config, run_executor
 
 import executor.loop as loop_mod
+import executor.progress as progress_mod
 from executor.completion import Completions
 from executor.recording import RecentValues, Recorder, StepWindow
 from executor.runtime import make_shared
@@ -184,7 +185,7 @@ def test_the_recorder_sums_steady_busy_per_lane_and_per_op_kind():
 def test_a_run_returns_its_last_losses(monkeypatch):
     """More steps than the history holds: the result keeps the last ones, the newest last."""
     whole = run_executor(tied=False, steps=5)
-    monkeypatch.setattr(loop_mod, "LOSS_HISTORY", 2)
+    monkeypatch.setattr(progress_mod, "LOSS_HISTORY", 2)
     last = run_executor(tied=False, steps=5)
     assert last.losses == whole.losses[-2:]
     assert last.lrs == whole.lrs[-2:]

@@ -195,8 +195,8 @@ CLIP_ARGS = [*ARGS, "--clip", "global", "--clip-norm", "0.05", "--save-every", "
 # gradient norm is not finite and global clipping skips them.
 HOOK = """import os, sys, threading
 from pathlib import Path
-from executor import loop
-from executor.env import Env
+from executor import repetition
+from executor.env import Env, MicroBatch
 
 park, after = int(os.environ.get("PARK_STEP", "0")), int(os.environ.get("PARK_AFTER", "0"))
 poison = {int(s) for s in os.environ.get("POISON_STEPS", "").split(",") if s}
@@ -211,17 +211,17 @@ def parked(self, op):
         started.append(op.id)
     return update_scale(self, op)
 
-real_micro_batches = loop.micro_batches
+real_micro_batches = repetition.micro_batches
 
 def poisoned(it, step, info, base, staging, ranks=None):
     out = real_micro_batches(it, step, info, base, staging, ranks)
     if base + step in poison:
-        out = [loop.MicroBatch(step=m.step, micro=m.micro, tokens=m.tokens, scale=float("nan"))
+        out = [MicroBatch(step=m.step, micro=m.micro, tokens=m.tokens, scale=float("nan"))
                for m in out]
     return out
 
 Env.update_scale = parked
-loop.micro_batches = poisoned
+repetition.micro_batches = poisoned
 from slide.cli import main
 sys.exit(main(sys.argv[1:]))
 """
