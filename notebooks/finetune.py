@@ -26,7 +26,8 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Image, display
 
-from slide.training import TrainRequest, run_training
+from slide.train_request import TrainRequest
+from slide.training import run_training
 from slide_ir.specs.config import TrainConfig
 
 OUT = Path(tempfile.mkdtemp())

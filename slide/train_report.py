@@ -19,7 +19,7 @@ from slide_ir.planning.speculation import expected
 from slide_ir.specs.hardware import Machine
 
 if TYPE_CHECKING:
-    from slide.training import TrainRequest
+    from slide.train_request import TrainRequest
 
 # the phases a summary reports, in order; `to_first_step_s` sums the start-up ones
 STARTUP = (

@@ -37,7 +37,8 @@ PROFILE="$OUT/auto.toml"
 python3 - "$PROFILE" > "$OUT/profile.log" 2>&1 <<'EOF' || PROFILE=h200-16c-128g
 import sys
 import torch
-from slide.training import TrainRequest, resolve_machine
+from slide.train_prepare import resolve_machine
+from slide.train_request import TrainRequest
 from slide_ir import TrainConfig
 from slide_ir.specs.hardware import machine_to_toml
 

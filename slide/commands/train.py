@@ -37,7 +37,7 @@ from slide.errors import StopRun, UserError
 
 if TYPE_CHECKING:
     from executor.ranks import Ranks
-    from slide.training import TrainRequest
+    from slide.train_request import TrainRequest
 
 log = logging.getLogger(__name__)
 NAME = "train"
@@ -192,7 +192,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from slide import launch
-    from slide.training import check_training, device_of  # torch only when training
+    from slide.train_prepare import device_of  # torch only when training
+    from slide.training import check_training
 
     resolved = train_inputs.resolve(args)
     preflight.check_train(args, resolved)
@@ -266,7 +267,7 @@ def _run_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _request(args: argparse.Namespace, notices: list[str], flags: dict[str, Any]) -> TrainRequest:
-    from slide.training import TrainRequest
+    from slide.train_request import TrainRequest
 
     return TrainRequest(
         model=args.model,

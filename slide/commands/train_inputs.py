@@ -73,7 +73,7 @@ def notices(args: argparse.Namespace, run: TrainRun) -> list[str]:
 
 def _from_plan(args: argparse.Namespace) -> tuple[ModelSpec, int] | None:
     """The saved plan's model and sequence length, its steps taken unless --steps is given,
-    read without re-planning; None where the file is not a plan (`slide.training` re-plans
+    read without re-planning; None where the file is not a plan (`slide.train_prepare` reads
     it and says what is wrong)."""
     fixed = sorted(PLAN_FIXED & args.given)
     if fixed:

@@ -11,7 +11,8 @@ import torch
 from slide.calibration import auto_machine, gpu_probes, host_probes, host_rate_probes, shape_probes
 from slide.calibration import probe_common as cal
 from slide.cli import main
-from slide.training import TrainRequest, resolve_machine
+from slide.train_prepare import resolve_machine
+from slide.train_request import TrainRequest
 from slide_ir.planning.planner import plan
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine, load_machine_toml, machine_to_toml

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from executor.interrupts import AbortRun
-from slide.training import _CtrlC
+from slide.ctrl_c import CtrlC
 
 
 class _Reporter:
@@ -20,13 +20,13 @@ class _Reporter:
 
 
 def test_before_the_first_step_ctrl_c_aborts() -> None:
-    with _CtrlC(), pytest.raises(AbortRun):
+    with CtrlC(), pytest.raises(AbortRun):
         signal.raise_signal(signal.SIGINT)
 
 
 def test_after_a_step_the_first_ctrl_c_stops_the_second_aborts_later_ones_are_ignored() -> None:
     before = signal.getsignal(signal.SIGINT)
-    with _CtrlC() as stop:
+    with CtrlC() as stop:
         assert stop.after_step(_Reporter(), 1, 2.0, 1e-3, {}) is False
         signal.raise_signal(signal.SIGINT)
         assert stop.requested

@@ -17,7 +17,7 @@ def no_training(monkeypatch):
     def planned(*args, **kwargs):
         raise AssertionError("planned before the options were checked")
 
-    monkeypatch.setattr(slide.training, "_prepare", planned)
+    monkeypatch.setattr(slide.training, "prepare", planned)
 
 
 def refused(capsys, *argv):

@@ -25,12 +25,12 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 # a rank whose RANK is $FAIL_RANK gets 2 batches only: its data runs out at step 3
 FAULT = """import itertools, os
 if os.environ.get("RANK") == os.environ.get("FAIL_RANK"):
-    import slide.training as t
-    real = t._data
+    import slide.train_prepare as t
+    real = t.training_data
     def short(*a):
         data, eval_set = real(*a)
         return itertools.islice(data, 2), eval_set
-    t._data = short
+    t.training_data = short
 """
 
 
