@@ -3,9 +3,9 @@ thread: feed the micro-batches, wait for each step, report it, save inside the p
 
 Feed step s+1, wait for step s, report it. Feeding one step ahead keeps the lanes busy across
 the step boundary; stopping (on_step returned True, Ctrl-C) stops feeding, so the state after
-the last fed step is consistent. Before a save, and at the end of a pass, the next step is not
-fed: with no micro-batch the lanes cannot reach its backward, so no update touches the state
-while it is read (uploads and prefetches of the next step only read it).
+the last fed step is consistent. Before a save, and at the end of a stretch (`Driver.advance`),
+the next step is not fed: with no micro-batch the lanes cannot reach its backward, so no update
+touches the state while it is read (uploads and prefetches of the next step only read it).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ Batches = Iterator[tuple[torch.Tensor, ...]]
 
 
 class NonFiniteLossError(FloatingPointError):
-    pass
+    """A step's loss is not finite, or too many steps in a row were skipped: the run stops."""
 
 
 class Repetition:
