@@ -104,7 +104,7 @@ def _placement(p: Plan, predicted: bool) -> dict[str, Any]:
     assert p.choice is not None
     chosen = p.choice.chosen
     step = next((c.step_s for c in p.choice.considered if c.placement == chosen), None)
-    out = {"chosen": chosen.describe(p.model), "how": p.choice.how,
+    out: dict[str, Any] = {"chosen": chosen.describe(p.model), "how": p.choice.how,
            "predicted_step_s": step if predicted else None,
            "tokens_per_step": p.graph.info.tokens_per_step}  # fmt: skip
     if p.speculation is not None:  # the step depends on how many steps roll back

@@ -212,7 +212,8 @@ class _Micro(WeightUploads):
         if not self.deferred:
             self.io.update(self.order, unit, deps=[d2h], grads=landed, release=(landing,))
             return
-        kept, release, landed_at = landed, (landing,), d2h
+        kept, landed_at = landed, d2h
+        release: tuple[str, ...] = (landing,)
         if accumulates:  # the whole gradient is the host's sum: its norm there
             kept, release = None, ()
             landed_at = self.deferred.grad_norm(unit, "cpu", [d2h], landed, accumulator=True,
