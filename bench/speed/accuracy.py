@@ -22,7 +22,7 @@ from pathlib import Path
 from simulator.run import simulate_plan
 from slide_ir.ir.graph import OpKind, load_versioned
 from slide_ir.ir.trace import Trace, trace_metrics
-from slide_ir.planning.ledger import CUDA_CONTEXT_BYTES
+from slide_ir.planning.compute_terms import CUDA_CONTEXT_BYTES
 from slide_ir.planning.planner import PLAN_VERSION
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine

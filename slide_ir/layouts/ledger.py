@@ -34,7 +34,8 @@ from dataclasses import dataclass, replace
 from slide_ir.layouts.cluster import Cluster
 from slide_ir.layouts.plan import Layout, in_flight_chunks, layout_problems
 from slide_ir.layouts.work import FP32, StageWork, all_stages
-from slide_ir.planning.ledger import CUDA_CONTEXT_BYTES, StateBytes
+from slide_ir.planning.compute_terms import CUDA_CONTEXT_BYTES
+from slide_ir.planning.ledger import StateBytes
 from slide_ir.specs.model import ModelSpec
 
 _DEFAULT_SIZES = StateBytes()

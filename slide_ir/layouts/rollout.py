@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from slide_ir.layouts.cluster import Cluster
 from slide_ir.layouts.ledger import FRAGMENTATION
 from slide_ir.layouts.work import BF16, FP32
-from slide_ir.planning.ledger import CUDA_CONTEXT_BYTES
+from slide_ir.planning.compute_terms import CUDA_CONTEXT_BYTES
 from slide_ir.specs import moe
 from slide_ir.specs.model import ModelSpec
 

@@ -24,7 +24,6 @@ import functools
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
 from slide_ir.planning.deferral import DeferredUpdates
-from slide_ir.planning.ledger import FP32
 from slide_ir.planning.schedules import (
     Ctx,
     OptimizerIo,
@@ -34,6 +33,7 @@ from slide_ir.planning.schedules import (
     param_bytes,
     prefetch_activations,
 )
+from slide_ir.planning.units import FP32
 from slide_ir.planning.values import grads
 from slide_ir.planning.zero_offload import GradBucket, grad_buckets, grad_order, unit_elements
 

@@ -9,7 +9,7 @@ lane combines them (the per-parameter norms in the model's parameter order, as t
 them) into the scale and the global norm, and only then do the updates run, in unit order
 0..n+1: the next step's forward needs its units in that order, so the host updates overlap the
 next forward instead of the backward, and each host-updated gradient keeps its landing buffer
-until its update (`ledger.landing_buffers`).
+until its update (`transfer_terms.landing_buffers`).
 
 A speculated unit (`Ctx.speculated`, chosen by `speculation`) updates as its gradient lands, as
 without clipping, saving its old state into its rollback slot on the way; after `NORM` its
@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work, slot_id
-from slide_ir.planning.ledger import BF16, FP32
 from slide_ir.planning.schedules import Ctx, adam_work
+from slide_ir.planning.units import BF16, FP32
 
 K = OpKind
 R = PoolRole

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from slide_ir.planning.ledger import Ledger, resident_preference
+from slide_ir.planning.ledger import Ledger
+from slide_ir.planning.units import resident_preference
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
 

@@ -43,11 +43,12 @@ from dataclasses import replace
 from slide_ir.ir.graph import Graph
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.integer_search import argmin_unimodal, last_true
-from slide_ir.planning.ledger import Ledger, build_ledger, gpu_budget, resident_preference
+from slide_ir.planning.ledger import Ledger, build_ledger, gpu_budget
 from slide_ir.planning.placement_choice import Candidate, Placement
 from slide_ir.planning.sharding import rank_bytes, rank_overflows, shard_graph
 from slide_ir.planning.streaming import choose_streamed
 from slide_ir.planning.timeline import predict_step_s
+from slide_ir.planning.units import resident_preference
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec

@@ -18,9 +18,10 @@ from typing import Any, TypeVar
 from slide_ir.ir.graph import Graph, GraphInfo, UnitPlacement
 from slide_ir.planning.baselines import emit_gpu_only, emit_zero_offload
 from slide_ir.planning.builder import GraphBuilder
+from slide_ir.planning.compute_terms import lce_chunk_tokens
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.evaluation import emit_eval, eval_flops_per_batch
-from slide_ir.planning.ledger import Ledger, build_ledger, lce_chunk_tokens, resident_preference
+from slide_ir.planning.ledger import Ledger, build_ledger
 from slide_ir.planning.placement import choose_placement
 from slide_ir.planning.placement_choice import PlacementChoice
 from slide_ir.planning.placement_search import RANK_STEPS
@@ -30,6 +31,7 @@ from slide_ir.planning.sliding import emit_sliding
 from slide_ir.planning.speculation import Speculation, can_speculate, choose_speculation
 from slide_ir.planning.streaming import state_pace
 from slide_ir.planning.timeline import predict_step_s
+from slide_ir.planning.units import resident_preference
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine, load_machine_toml, machine_to_toml
 from slide_ir.specs.model import ModelSpec

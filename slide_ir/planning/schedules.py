@@ -19,14 +19,9 @@ from dataclasses import dataclass, field
 from slide_ir.ir.drives import act_drive, act_pool
 from slide_ir.ir.graph import OpKind, PoolRole, Role, Value, Work, slot_id
 from slide_ir.planning.builder import GraphBuilder, Taken
-from slide_ir.planning.ledger import (
-    BF16,
-    FP32,
-    adam_bytes_per_param,
-    lce_chunk_tokens,
-    unit_params,
-)
+from slide_ir.planning.compute_terms import lce_chunk_tokens
 from slide_ir.planning.shapes import eval_loss_work, layer_work, loss_work
+from slide_ir.planning.units import BF16, FP32, adam_bytes_per_param, unit_params
 from slide_ir.planning.values import at, grads, micro_prefix, unit_homes, unit_value, weights
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec

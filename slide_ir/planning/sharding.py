@@ -13,7 +13,8 @@ from dataclasses import replace
 
 from slide_ir.ir.graph import Graph, Op, OpKind, Pool, PoolRole, UnitPlacement, Value, Work
 from slide_ir.ir.shards import shard_range, shard_size
-from slide_ir.planning.ledger import REPORT_TIERS, Ledger, unit_params
+from slide_ir.planning.ledger import REPORT_TIERS, Ledger
+from slide_ir.planning.units import unit_params
 from slide_ir.specs.model import ModelSpec
 
 K = OpKind

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
 from slide_ir.planning.deferral import DeferredUpdates, redo
-from slide_ir.planning.ledger import FP32, landing_pool, unit_params
 from slide_ir.planning.schedules import (
     Ctx,
     OptimizerIo,
@@ -32,6 +31,8 @@ from slide_ir.planning.schedules import (
     prefetch_activations,
     unit_group,
 )
+from slide_ir.planning.transfer_terms import landing_pool
+from slide_ir.planning.units import FP32, unit_params
 from slide_ir.planning.values import grads, weights
 from slide_ir.planning.weight_ring import cast_for_upload
 

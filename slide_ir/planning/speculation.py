@@ -4,7 +4,7 @@ Deferral (`deferral`) keeps global clipping exact by holding every update until 
 is known, so the host's updates overlap the next forward instead of the backward: on a host
 that bounds the step (a 24 GB-class GPU, everything sliding) that is a third to a half more
 step time. A speculated unit updates as its gradient lands, as without clipping, and saves its
-old master and moments into a rollback slot on the way (`ledger._rollback_terms`: 12 B/param
+old master and moments into a rollback slot on the way (`state_terms.rollback_terms`: 12 B/param
 more RAM with FP32 moments, and 12 B/param more written by the update); its `REDO` after the
 norm restores and redoes it in the step that must clip (or restores it in one that is skipped).
 
@@ -23,9 +23,10 @@ from dataclasses import dataclass, replace
 
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.integer_search import argmin_unimodal, last_true
-from slide_ir.planning.ledger import Ledger, build_ledger, speculated_units
+from slide_ir.planning.ledger import Ledger, build_ledger
 from slide_ir.planning.placement_search import RANK_STEPS, Build
 from slide_ir.planning.sharding import shard_graph
+from slide_ir.planning.state_terms import speculated_units
 from slide_ir.planning.timeline import predict_step_s
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine

@@ -15,19 +15,18 @@ MIN_GAIN: the estimate is rough, and streaming costs GPU memory and pinned RAM.
 
 from __future__ import annotations
 
+from slide_ir.planning.compute_terms import lce_chunk_tokens
 from slide_ir.planning.cost import CostModel
-from slide_ir.planning.ledger import (
+from slide_ir.planning.ledger import build_ledger, gpu_budget
+from slide_ir.planning.schedules import StatePace
+from slide_ir.planning.shapes import layer_work, loss_work
+from slide_ir.planning.units import (
     BF16,
     FP32,
     adam_bytes_per_param,
-    build_ledger,
-    gpu_budget,
-    lce_chunk_tokens,
     resident_preference,
     unit_params,
 )
-from slide_ir.planning.schedules import StatePace
-from slide_ir.planning.shapes import layer_work, loss_work
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec

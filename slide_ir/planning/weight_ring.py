@@ -5,12 +5,12 @@ A pinned copy of every host-updated unit costs 2 B/param of host RAM beside the 
 and moments (145 GB for a 72B model); SlideFormer keeps none. Here a `CAST` on the `cpu` lane
 reads the unit's master once its latest update is done (`Ctx.last_update`: the step's deferred
 update under global clipping too) and writes the weights into a slot of `pinned_weight_ring`
-(`ledger.WEIGHT_RING_SLOTS` slots, each the largest such unit); the unit's `H2D_PARAM` waits for
-the cast, reads the slot and releases it. The next tenant's cast waits for that release
+(`transfer_terms.WEIGHT_RING_SLOTS` slots, each the largest such unit); the unit's `H2D_PARAM`
+waits for the cast, reads the slot and releases it. The next tenant's cast waits for that release
 (`GraphBuilder` ring reuse), so at most that many casts run ahead of the uploads. Every upload
 casts, the backward's re-uploads too: a cast is 6 B/param on the host (FP32 read, BF16 write)
 against the 2 B the update's fused copy wrote. Which units cast is the ledger's choice
-(`ledger.cast_units`).
+(`transfer_terms.cast_units`).
 
 Invariant: a unit in `Ctx.cast` has no `HOST_WEIGHTS` home; its update writes only the state.
 """
@@ -18,8 +18,8 @@ Invariant: a unit in `Ctx.cast` has no `HOST_WEIGHTS` home; its update writes on
 from __future__ import annotations
 
 from slide_ir.ir.graph import OpKind, PoolRole, Work
-from slide_ir.planning.ledger import BF16, FP32
 from slide_ir.planning.schedules import Ctx
+from slide_ir.planning.units import BF16, FP32
 from slide_ir.planning.values import weights
 
 RING_POOL = "pinned_weight_ring"

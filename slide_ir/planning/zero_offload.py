@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slide_ir.planning.units import unit_params
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
 
@@ -56,7 +57,6 @@ def grad_order(model: ModelSpec) -> tuple[int, ...]:
 
 
 def unit_elements(model: ModelSpec, unit: int) -> int:
-    from slide_ir.planning.ledger import unit_params  # the ledger imports this module
 
     return unit_params(model, unit)
 

@@ -106,11 +106,11 @@ class TrainConfig:
     # (chosen by the placement search; DEFAULT_CACHE_UNITS where nothing is searched)
     cache_units: int | str = "auto"
     # pinned CPU landing buffers for downloaded decoder-layer gradients; None: 3, or with
-    # resident or streamed units one per host-updated layer (see `ledger.landing_buffers`)
+    # resident or streamed units one per host-updated layer (see `transfer_terms.landing_buffers`)
     grad_buffers: int | None = None
     act_buffers: int = 3  # GPU buffers for layer inputs in flight to/from the CPU
     # units kept whole on the GPU (weights, grads, master, moments; updated there), first in
-    # `ledger.resident_preference` order: a count, or "auto"
+    # `units.resident_preference` order: a count, or "auto"
     resident: int | str = "auto"
     # sliding units whose AdamW runs on the GPU, their FP32 master and moments streamed over the
     # link (up before the unit's backward, down after): a count, or "auto". See `streamed_units`.

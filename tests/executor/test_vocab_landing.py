@@ -23,13 +23,13 @@ def _landing_pools(**config: object) -> dict[str, tuple[int, ...]]:
 @pytest.fixture
 def slot_each(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plan the embedding's and the head's landing one unit at a time: a slot each."""
-    shared = ledger._vocab_landing_terms
+    shared = ledger.vocab_landing_terms
 
     def separate(terms, model, config, units):  # type: ignore[no-untyped-def]
         for unit in units:
             shared(terms, model, config, [unit])
 
-    monkeypatch.setattr(ledger, "_vocab_landing_terms", separate)
+    monkeypatch.setattr(ledger, "vocab_landing_terms", separate)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

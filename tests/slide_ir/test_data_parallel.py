@@ -12,8 +12,8 @@ from slide_ir.ir.graph import Graph, OpKind, UnitPlacement
 from slide_ir.ir.shards import shard_range, shard_size
 from slide_ir.planning.cost import RING_STEP_S, CostModel, ring_seconds
 from slide_ir.planning.data_parallel import check_nproc, plan_data_parallel, shard_plan
-from slide_ir.planning.ledger import unit_params
 from slide_ir.planning.planner import plan
+from slide_ir.planning.units import unit_params
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine, load_machine_toml, machine_to_toml
 from slide_ir.specs.model_catalog import load_model

@@ -9,9 +9,10 @@ import networkx as nx
 import pytest
 
 from slide_ir.ir.graph import OpKind, PoolRole
-from slide_ir.planning.ledger import GIB, build_ledger, unit_params
+from slide_ir.planning.ledger import build_ledger
 from slide_ir.planning.placement import smallest_ledger
 from slide_ir.planning.planner import build_graph
+from slide_ir.planning.units import GIB, unit_params
 from slide_ir.specs.config import TrainConfig
 
 R = PoolRole

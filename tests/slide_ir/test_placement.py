@@ -10,12 +10,13 @@ import pytest
 
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
 from slide_ir.planning.cost import CostModel
-from slide_ir.planning.ledger import build_ledger, resident_preference
+from slide_ir.planning.ledger import build_ledger
 from slide_ir.planning.placement import plan_fits
 from slide_ir.planning.placement_choice import Placement
 from slide_ir.planning.placement_search import DEPTHS, PlacementSearch
 from slide_ir.planning.planner import build_graph, plan, plan_from_json, plan_to_json
 from slide_ir.planning.timeline import predict_step_s
+from slide_ir.planning.units import resident_preference
 
 MACHINES = ("h200-16c-128g", "paper-pc-4090", "paper-server-a100")
 # every other free choice pinned: streamed units, inputs, cache depth, kept tapes

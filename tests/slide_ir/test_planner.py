@@ -6,8 +6,9 @@ import pytest
 
 from slide_ir.ir.graph import OpKind, Tier
 from slide_ir.ir.printing import format_graph, parse_graph
-from slide_ir.planning.ledger import build_ledger, unit_params
+from slide_ir.planning.ledger import build_ledger
 from slide_ir.planning.planner import plan, plan_from_json, plan_to_json
+from slide_ir.planning.units import unit_params
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
 from slide_ir.specs.model_catalog import load_model

@@ -21,7 +21,7 @@ from slide_ir.layouts.rollout import (
     weight_bytes,
 )
 from slide_ir.layouts.rollout_cost import DecodeCosts, prefill_flops, rollout_time
-from slide_ir.planning.ledger import CUDA_CONTEXT_BYTES
+from slide_ir.planning.compute_terms import CUDA_CONTEXT_BYTES
 from slide_ir.specs.model import ModelSpec
 
 NODE = load_cluster("h200-8gpu-node")

@@ -23,7 +23,7 @@ from slide_ir.layouts.rollout import Engine, RolloutWork, build_engine_ledger, e
 from slide_ir.layouts.rollout_cost import rollout_time
 from slide_ir.layouts.search import estimate
 from slide_ir.layouts.work import stage_work
-from slide_ir.planning.ledger import CUDA_CONTEXT_BYTES
+from slide_ir.planning.compute_terms import CUDA_CONTEXT_BYTES
 
 NODE = load_cluster("h200-8gpu-node")
 QWEN_MOE = load_layout_model("qwen3-30b-a3b")

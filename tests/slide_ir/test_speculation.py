@@ -11,9 +11,10 @@ import pytest
 from slide_ir import OpKind, TrainConfig
 from slide_ir.ir.graph import PoolRole
 from slide_ir.planning.cost import CostModel
-from slide_ir.planning.ledger import FP32, build_ledger, unit_params
+from slide_ir.planning.ledger import build_ledger
 from slide_ir.planning.planner import plan
 from slide_ir.planning.timeline import predict_step_s
+from slide_ir.planning.units import FP32, unit_params
 
 GLOBAL = TrainConfig(batch=16, seq=1024, clip="global", placement="small")
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
-from slide_ir.planning.ledger import build_ledger, resident_preference
+from slide_ir.planning.ledger import build_ledger
 from slide_ir.planning.planner import plan
 from slide_ir.planning.streaming import choose_streamed
+from slide_ir.planning.units import resident_preference
 from slide_ir.specs.config import parse_count_or_auto
 
 

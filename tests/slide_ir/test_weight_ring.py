@@ -8,8 +8,10 @@ import pytest
 
 from slide_ir.ir.graph import OpKind, PoolRole
 from slide_ir.planning.capacity import capacity
-from slide_ir.planning.ledger import WEIGHT_RING_SLOTS, build_ledger, unit_params
+from slide_ir.planning.ledger import build_ledger
 from slide_ir.planning.planner import plan
+from slide_ir.planning.transfer_terms import WEIGHT_RING_SLOTS
+from slide_ir.planning.units import unit_params
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
 from slide_ir.specs.model_catalog import load_model

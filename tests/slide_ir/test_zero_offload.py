@@ -6,8 +6,8 @@ import pytest
 from slide_ir import TrainConfig, load_machine, load_model
 from slide_ir.ir.graph import OpKind
 from slide_ir.ir.printing import format_graph, parse_graph
-from slide_ir.planning.ledger import BF16, FP32
 from slide_ir.planning.planner import plan
+from slide_ir.planning.units import BF16, FP32
 from slide_ir.planning.zero_offload import BUCKET_POOL, WHOLE_POOL, grad_buckets
 
 
