@@ -24,16 +24,10 @@ import functools
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
 from slide_ir.planning.deferral import DeferredUpdates
-from slide_ir.planning.schedules import (
-    Ctx,
-    OptimizerIo,
-    backward,
-    device_update,
-    forward,
-    param_bytes,
-    prefetch_activations,
-)
+from slide_ir.planning.emit_context import Ctx, param_bytes
+from slide_ir.planning.schedules import backward, forward, prefetch_activations
 from slide_ir.planning.units import FP32
+from slide_ir.planning.updates import OptimizerIo, device_update
 from slide_ir.planning.values import grads
 from slide_ir.planning.zero_offload import GradBucket, grad_buckets, grad_order, unit_elements
 

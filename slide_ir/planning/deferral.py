@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work, slot_id
-from slide_ir.planning.schedules import Ctx, adam_work
+from slide_ir.planning.emit_context import Ctx
 from slide_ir.planning.units import BF16, FP32
+from slide_ir.planning.updates import adam_work
 
 K = OpKind
 R = PoolRole

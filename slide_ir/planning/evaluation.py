@@ -15,7 +15,8 @@ bitwise that of training without.
 
 from __future__ import annotations
 
-from slide_ir.planning.schedules import Ctx, forward
+from slide_ir.planning.emit_context import Ctx
+from slide_ir.planning.schedules import forward
 from slide_ir.planning.sliding import WeightUploads, sliding_layers
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec

@@ -20,12 +20,12 @@ from slide_ir.planning.baselines import emit_gpu_only, emit_zero_offload
 from slide_ir.planning.builder import GraphBuilder
 from slide_ir.planning.compute_terms import lce_chunk_tokens
 from slide_ir.planning.cost import CostModel
+from slide_ir.planning.emit_context import Ctx
 from slide_ir.planning.evaluation import emit_eval, eval_flops_per_batch
 from slide_ir.planning.ledger import Ledger, build_ledger
 from slide_ir.planning.placement import choose_placement
 from slide_ir.planning.placement_choice import PlacementChoice
 from slide_ir.planning.placement_search import RANK_STEPS
-from slide_ir.planning.schedules import Ctx
 from slide_ir.planning.sharding import shard_graph
 from slide_ir.planning.sliding import emit_sliding
 from slide_ir.planning.speculation import Speculation, can_speculate, choose_speculation

@@ -19,20 +19,11 @@ from __future__ import annotations
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
 from slide_ir.planning.deferral import DeferredUpdates, redo
-from slide_ir.planning.schedules import (
-    Ctx,
-    OptimizerIo,
-    backward,
-    device_update,
-    forward,
-    gpu_adam_work,
-    grad_accum_work,
-    param_bytes,
-    prefetch_activations,
-    unit_group,
-)
+from slide_ir.planning.emit_context import Ctx, param_bytes, unit_group
+from slide_ir.planning.schedules import backward, forward, prefetch_activations
 from slide_ir.planning.transfer_terms import landing_pool
 from slide_ir.planning.units import FP32, unit_params
+from slide_ir.planning.updates import OptimizerIo, device_update, gpu_adam_work, grad_accum_work
 from slide_ir.planning.values import grads, weights
 from slide_ir.planning.weight_ring import cast_for_upload
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from slide_ir.planning.compute_terms import lce_chunk_tokens
 from slide_ir.planning.cost import CostModel
+from slide_ir.planning.emit_context import StatePace
 from slide_ir.planning.ledger import build_ledger, gpu_budget
-from slide_ir.planning.schedules import StatePace
 from slide_ir.planning.shapes import layer_work, loss_work
 from slide_ir.planning.units import (
     BF16,

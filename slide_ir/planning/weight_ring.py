@@ -18,7 +18,7 @@ Invariant: a unit in `Ctx.cast` has no `HOST_WEIGHTS` home; its update writes on
 from __future__ import annotations
 
 from slide_ir.ir.graph import OpKind, PoolRole, Work
-from slide_ir.planning.schedules import Ctx
+from slide_ir.planning.emit_context import Ctx
 from slide_ir.planning.units import BF16, FP32
 from slide_ir.planning.values import weights
 

@@ -1,0 +1,164 @@
+"""The update ops every schedule shares: the GPU AdamW of a unit kept on the GPU, the host AdamW
+(`OptimizerIo`, with its state read ahead from NVMe and written back when it lives there), and
+the work each update's op is priced by.
+"""
+
+from __future__ import annotations
+
+from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
+from slide_ir.planning.emit_context import Ctx, unit_group
+from slide_ir.planning.units import BF16, FP32, adam_bytes_per_param
+from slide_ir.planning.values import grads, unit_value, weights
+
+K = OpKind
+R = PoolRole
+
+
+def device_update(
+    ctx: Ctx, step: int, unit: int, deps: list[str] | None = None, scale: Value | None = None
+) -> str:
+    """The GPU AdamW of a unit whose weights, grads and state live on the GPU; its op id.
+    Under global clipping it waits for the step's norm (`deps`) and reads its `scale`."""
+    op_id, slot = ctx.sid(step, unit, "gpu_adam"), ctx.on_gpu(unit)
+    state = ctx.home(R.RESIDENT, unit, "state")
+    ctx.b.emit(op_id, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
+               deps=deps or [], reads=[ctx.at(grads(unit), slot), state, scale],
+               writes=[ctx.at(weights(unit), slot), state])  # fmt: skip
+    return op_id
+
+
+def adam_work(ctx: Ctx, unit: int, *, saved: int = 0) -> Work:
+    """The host AdamW's pass over a unit, writing `saved` more bytes per parameter on the way
+    (a speculative update's rollback copy)."""
+    p = ctx.params(unit)
+    nbytes = adam_bytes_per_param(ctx.config, weight_copy=unit not in ctx.cast) + saved
+    return Work(elements=p, bytes=p * nbytes)
+
+
+def gpu_adam_work(ctx: Ctx, unit: int) -> Work:
+    """The GPU AdamW of a resident or streamed unit as the executor runs it: the host update's 28 B/param,
+    plus the BF16 gradient's FP32 upcast through a temporary (written, then read: 8 B) and the
+    BF16 weights re-read from the updated FP32 master (4 B more than the fused cast counted)."""
+    p = ctx.params(unit)
+    return Work(elements=p, bytes=p * (adam_bytes_per_param(ctx.config) + 3 * FP32))
+
+
+def grad_accum_work(ctx: Ctx, unit: int) -> Work:
+    """Read the landed BF16 grads, read-modify-write the FP32 accumulator."""
+    p = ctx.params(unit)
+    return Work(elements=p, bytes=p * (BF16 + 2 * FP32))
+
+
+class OptimizerIo:
+    """Optimizer state on NVMe: read a unit's state ahead of its update (striped over every
+    drive), write it back after. `prefetch(order, q)` reads units order[q] and order[q + 1]."""
+
+    def __init__(self, ctx: Ctx, step: int) -> None:
+        self.ctx, self.step = ctx, step
+        self.reads: dict[int, list[str]] = {}
+        self.staging: dict[int, tuple[str, ...]] = {}
+        self.on_nvme = {
+            "cpu": 0,
+            "nvme": FP32 + ctx.config.moment_bytes,
+            "nvme-moments": ctx.config.moment_bytes,
+        }[ctx.config.optimizer]
+
+    def prefetch(self, order: list[int], q: int) -> list[str]:
+        """Emit the reads of order[q] (if not yet) and order[q + 1]; returns order[q]'s reads."""
+        if not self.on_nvme:
+            return []
+        for u in order[q : q + 2]:
+            if u not in self.reads:
+                self._read(u)
+        return self.reads[order[q]]
+
+    def _read(self, unit: int) -> None:
+        ctx, d = self.ctx, self.ctx.drives
+        share = -(-ctx.params(unit) * self.on_nvme // d)
+        ids, slots = [], []
+        for k in range(d):
+            op_id = ctx.sid(self.step, unit, f"opt.read{k}")
+            (slot,) = ctx.b.emit(
+                op_id,
+                K.NVME_READ,
+                f"nvme{k}",
+                step=self.step,
+                unit=unit,
+                work=Work(bytes=share),
+                deps=[ctx.last_update.get(unit)],
+                acquire=[f"opt_staging_{unit_group(ctx, unit)}"],
+                reads=[ctx.home(R.NVME_STATE, unit, f"state{k}")],
+                writes=[ctx.taken(unit_value(unit, f"state{k}"))],
+            )
+            ids.append(op_id)
+            slots.append(slot)
+        self.reads[unit], self.staging[unit] = ids, tuple(slots)
+
+    def update(
+        self,
+        order: list[int],
+        unit: int,
+        *,
+        deps: list[str],
+        grads: Value | None = None,
+        release: tuple[str, ...] = (),
+        scale: Value | None = None,
+        rollback: Value | None = None,
+    ) -> str:
+        """The CPU AdamW of `unit` from its landed `grads` (state read ahead from NVMe first,
+        written back after; its pinned weight copy written unless its uploads cast); `order` is
+        the order the updates are emitted in, for the read-ahead. With several micro-batches
+        the landed gradient is added into the accumulator first (no `grads`: it already was).
+        Under global clipping it reads the step's `scale`, or speculates: writes the state as it
+        was into `rollback` on the way, for the step's `REDO`."""
+        ctx = self.ctx
+        reads = self.prefetch(order, order.index(unit))
+        op_id = ctx.sid(self.step, unit, "adam")
+        acc = ctx.home(R.GRAD_ACCUM, unit, "gacc") if ctx.config.grad_accum > 1 else None
+        state = self._state(unit)
+        added = acc and ctx.at(acc.name, acc.slot, accumulate=True) if grads else None
+        copy = None if unit in ctx.cast else ctx.home(R.HOST_WEIGHTS, unit, "w")
+        # the saved state goes to lines not in cache: each is read before it is written
+        # (write-allocate), 2 x 12 B/param with FP32 moments; on the H200's host a speculative
+        # update of a 3B layer took 55-96 ms (~2.2x) against 29-40 ms deferred
+        # (by the unit, not `rollback`: the search's graphs are built without values)
+        saved = 2 * (FP32 + ctx.config.moment_bytes) if unit in ctx.speculated else 0
+        ctx.b.emit(op_id, K.ADAM, "cpu", step=self.step, unit=unit,
+                   work=adam_work(ctx, unit, saved=saved), deps=[*deps, *reads], release=release,
+                   reads=[grads, acc, scale, *state], writes=[added, copy, *state, rollback])  # fmt: skip
+        self.write_back(unit, op_id)
+        ctx.last_update[unit] = op_id
+        return op_id
+
+    def _state(self, unit: int) -> list[Value | None]:
+        """Where the update finds the unit's master and moments: RAM, or the staging slots of
+        its NVMe stripes (and the master in RAM when only the moments are on NVMe)."""
+        ctx = self.ctx
+        master = ctx.home(R.MASTER, unit, "master") if (R.MASTER, unit) in ctx.homes else None
+        if not self.on_nvme:
+            return [master, ctx.home(R.MOMENTS, unit, "moments")]
+        stripes = [
+            ctx.at(unit_value(unit, f"state{k}"), s) for k, s in enumerate(self.staging[unit])
+        ]
+        return [*([master] if master else []), *stripes]
+
+    def write_back(self, unit: int, update_op: str) -> None:
+        """Emit the writes after `update_op`. The next step's read of the same stripe comes
+        later on the same drive's lane, so lane order keeps it behind its write."""
+        if not self.on_nvme:
+            return
+        ctx, d = self.ctx, self.ctx.drives
+        share = -(-ctx.params(unit) * self.on_nvme // d)
+        for k, slot in enumerate(self.staging.pop(unit)):
+            ctx.b.emit(
+                ctx.sid(self.step, unit, f"opt.write{k}"),
+                K.NVME_WRITE,
+                f"nvme{k}",
+                step=self.step,
+                unit=unit,
+                work=Work(bytes=share),
+                deps=[update_op],
+                release=[slot],
+                reads=[ctx.at(unit_value(unit, f"state{k}"), slot)],
+                writes=[ctx.home(R.NVME_STATE, unit, f"state{k}")],
+            )
