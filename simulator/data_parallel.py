@@ -15,8 +15,9 @@ from typing import Any
 from simulator.dram import simulate_shared_dram
 from simulator.run import SimResult, resolve_machine, resolve_model
 from slide_ir.ir.trace import Trace, trace_metrics
-from slide_ir.planning.cost import CostModel, Efficiency
+from slide_ir.planning.cost import CostModel
 from slide_ir.planning.data_parallel import DataParallelPlan, plan_data_parallel
+from slide_ir.planning.machine_rates import Efficiency
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec

@@ -14,8 +14,9 @@ from typing import Any
 
 from simulator.dram import simulate_shared_dram
 from slide_ir.ir.trace import Metrics, Trace, trace_metrics
-from slide_ir.planning.cost import CostModel, Efficiency
+from slide_ir.planning.cost import CostModel
 from slide_ir.planning.ledger import REPORT_TIERS
+from slide_ir.planning.machine_rates import Efficiency
 from slide_ir.planning.planner import Plan, plan
 from slide_ir.planning.programs import eval_graph
 from slide_ir.specs.config import TrainConfig

@@ -55,7 +55,8 @@ from slide_ir.ir.graph import Op, OpKind, Work
 from slide_ir.layouts.cluster import Cluster
 from slide_ir.layouts.plan import Layout, group_on_nvlink, strides
 from slide_ir.layouts.work import Gemm, StageWork
-from slide_ir.planning.cost import CostModel, Efficiency
+from slide_ir.planning.cost import CostModel
+from slide_ir.planning.machine_rates import Efficiency
 
 DIMS = ("tp", "cp", "ep", "pp", "dp", "edp")
 COLLECTIVES = frozenset(

@@ -40,13 +40,13 @@ Roofline style, one handler per `OpKind` (a test checks the table covers every k
   meets N ranks' DMA traffic (its load N times one rank's, at most full duplex). Multi-node
   layout graphs price their collectives with `slide_ir.layouts.cost.LayoutCosts` instead.
 
-Every rate is multiplied by a named efficiency factor (`Efficiency`) that `slide calibrate` fits
-from measured traces; each op also pays a fixed `launch_s` (the lane's hand-off: a kernel
-launch, a worker thread's wake-up) so that thousands of tiny ops are not free, a host op its
-own fixed cost on its size curve (a copy's latency, a drive request's, the update's call), and
-a GPU layer op takes at least the profile's floor for its kind (`CostModel.floor`: the host's
-time to issue its kernels). The
-machine is read through attributes only (`machine.gpu.bf16_matmul_tflops`, ...), so any object
+Every rate is multiplied by a named efficiency factor (`Efficiency`, applied once in
+`machine_rates`) that `slide calibrate` fits from measured traces; each op also pays a fixed
+`launch_s` (the lane's hand-off: a kernel launch, a worker thread's wake-up) so that thousands of
+tiny ops are not free, a host op its own fixed cost on its size curve (a copy's latency, a drive
+request's, the update's call), and a GPU layer op takes at least the profile's floor for its kind
+(`CostModel.floor`: the host's time to issue its kernels). The machine is read through attributes
+only (`machine.gpu.bf16_matmul_tflops`, ...), so any object
 shaped like `slide_ir.specs.hardware.Machine` works.
 """
 
@@ -60,6 +60,7 @@ from typing import Any
 from slide_ir.ir.graph import Op, OpKind, Work
 from slide_ir.planning.gpu_rates import REF_LCE, ShapeRates
 from slide_ir.planning.host_rates import Dims, HostCurves, SizeCurve
+from slide_ir.planning.machine_rates import Efficiency, resolve_rates
 from slide_ir.planning.shapes import loss_gemms
 from slide_ir.specs.model import LCE_BYTES_PER_LOGIT
 
@@ -69,47 +70,7 @@ from slide_ir.specs.model import LCE_BYTES_PER_LOGIT
 RING_STEP_S = 5e-6
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Efficiency:
-    """Multipliers on the machine's rates (1.0: the profile's figure as is) and fixed latencies."""
-
-    matmul: float = 1.0  # on gpu.bf16_matmul_tflops (already an achieved, not peak, rate)
-    hbm: float = 1.0  # on gpu.hbm_bytes_per_s
-    link: float = 1.0  # on link.duplex_bytes_per_s
-    adam: float = 1.0  # on cpu.adam_elems_per_s
-    cast: float = 1.0  # on cpu.cast_elems_per_s
-    dram: float = 1.0  # on cpu.dram_bytes_per_s (streaming element-wise CPU work)
-    nvme: float = 1.0  # on each drive's read/write rate
-    launch_s: float = 10e-6  # fixed cost of every op
-
-    def __post_init__(self) -> None:
-        for name in ("matmul", "hbm", "link", "adam", "cast", "dram", "nvme"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"Efficiency.{name} must be > 0, got {getattr(self, name)}")
-        if self.launch_s < 0:
-            raise ValueError(f"Efficiency.launch_s must be >= 0, got {self.launch_s}")
-
-
 Handler = Callable[["CostModel", Op], float]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Rates:
-    """The machine's rates with efficiencies applied, resolved once (in units per second)."""
-
-    flops: float
-    attention: float
-    hbm: float
-    elementwise: float  # bytes/s of the memory-bound layer kernels
-    lce: float | None  # logits/s of the fused loss
-    gpu_adam: float | None  # elements/s of the device AdamW
-    link: float
-    peer: float  # GPU-to-GPU bytes/s per direction (collectives)
-    adam: Callable[[int, float], float]  # (bytes per element, DMA load 0..1) -> elements/s
-    cast: float
-    dram: float
-    nvme_read: tuple[float, ...]
-    nvme_write: tuple[float, ...]
 
 
 class CostModel:
@@ -137,7 +98,7 @@ class CostModel:
         host_threads = None if cpu_threads is None else cpu_threads * nproc
         self.nproc = nproc  # data-parallel ranks sharing this machine's host
         self.efficiency = efficiency or Efficiency()
-        self.rates = _resolve(machine, host_threads, self.efficiency, nproc)
+        self.rates = resolve_rates(machine, host_threads, self.efficiency, nproc)
         r = self.rates
         self.shapes = ShapeRates(machine.gpu, matmul=r.flops, attention=r.attention, hbm=r.hbm)
         self.host = HostCurves(machine, cpu_threads or machine.cpu.cores)
@@ -256,43 +217,6 @@ FLOOR_KINDS: Mapping[str, tuple[OpKind, ...]] = {
 }
 FLOOR_FIELDS = tuple(FLOOR_KINDS)
 _FLOOR_OF = {kind: field for field, kinds in FLOOR_KINDS.items() for kind in kinds}
-
-
-def _resolve(machine: Any, threads: int | None, eff: Efficiency, nproc: int = 1) -> _Rates:
-    gpu, link, cpu = machine.gpu, machine.link, machine.cpu
-    drives = tuple(getattr(machine, "nvme", ()) or ())
-    share = 1.0 / nproc  # of the host's CPU, DRAM and drives, per rank
-
-    def adam(bytes_per_elem: int, dma_load: float = 1.0) -> float:
-        rate = cpu.adam_elems_per_s(
-            threads=threads, bytes_per_elem=bytes_per_elem, dma_load=dma_load
-        )
-        return float(rate) * eff.adam * share
-
-    return _Rates(
-        flops=gpu.bf16_matmul_tflops * 1e12 * eff.matmul,
-        attention=gpu.attention_tflops * 1e12 * eff.matmul,
-        hbm=gpu.hbm_bytes_per_s * eff.hbm,
-        elementwise=(getattr(gpu, "elementwise_bytes_per_s", None) or gpu.hbm_bytes_per_s)
-        * eff.hbm,
-        lce=_scaled(getattr(gpu, "lce_logits_per_s", None), eff.matmul),
-        gpu_adam=_scaled(getattr(gpu, "adam_elems_per_s", None), eff.hbm),
-        link=link.duplex_bytes_per_s * eff.link,
-        peer=float(getattr(machine, "peer_bytes_per_s", None) or link.duplex_bytes_per_s),
-        adam=adam,
-        cast=_cast_rate(cpu, threads) * eff.cast * share,
-        dram=cpu.dram_bytes_per_s * eff.dram * share,
-        nvme_read=tuple(d.read_bytes_per_s * eff.nvme * share for d in drives),
-        nvme_write=tuple(d.write_bytes_per_s * eff.nvme * share for d in drives),
-    )
-
-
-def _scaled(rate: float | None, efficiency: float) -> float | None:
-    return None if rate is None else rate * efficiency
-
-
-def _cast_rate(cpu: Any, threads: int | None) -> float:
-    return float(cpu.cast_elems_per_s(threads=threads))
 
 
 # -- handlers -----------------------------------------------------------------------------------

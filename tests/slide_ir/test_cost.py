@@ -3,8 +3,9 @@
 import pytest
 
 from slide_ir.ir.graph import Op, OpKind, Work
-from slide_ir.planning.cost import HANDLERS, CostModel, Efficiency, FixedCosts
+from slide_ir.planning.cost import HANDLERS, CostModel, FixedCosts
 from slide_ir.planning.host_rates import ADAM_CALL_S, COPY_LATENCY_S, NVME_REQUEST_S
+from slide_ir.planning.machine_rates import Efficiency
 from slide_ir.specs.hardware import Cpu, Gpu, Link, Machine, Nvme
 
 # Round numbers so every expected duration is exact.

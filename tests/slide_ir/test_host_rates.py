@@ -7,13 +7,14 @@ from dataclasses import replace
 import pytest
 
 from slide_ir.ir.graph import Op, OpKind, Work
-from slide_ir.planning.cost import CostModel, Efficiency
+from slide_ir.planning.cost import CostModel
 from slide_ir.planning.host_rates import (
     ADAM_CALL_S,
     COPY_LATENCY_S,
     NVME_REQUEST_S,
     LogLinear,
 )
+from slide_ir.planning.machine_rates import Efficiency
 from slide_ir.planning.refit import refit_machine
 from slide_ir.specs.hardware import (
     Cpu,
