@@ -1,7 +1,7 @@
-"""The one place that picks kernels: Triton (package `kernels`) for CUDA tensors, the pure-torch
-references (`kernels.reference`) for CPU tensors.
+"""The one place that picks kernels: Triton (package `slide_kernels`) for CUDA tensors, the pure-torch
+references (`slide_kernels.reference`) for CPU tensors.
 
-Why not let `kernels` decide: under TRITON_INTERPRET=1 (set by the test suite on CPU machines)
+Why not let `slide_kernels` decide: under TRITON_INTERPRET=1 (set by the test suite on CPU machines)
 it would run float32 CPU tensors through the Triton interpreter, far too slow to train with.
 `SLIDE_KERNELS=torch` forces the references on CUDA as well (debugging).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import kernels
+import slide_kernels
 from executor import knobs
-from kernels import reference
+from slide_kernels import reference
 
 _FORCE_TORCH = knobs.from_env().torch_kernels
 # Grouped linears (q|k|v, gate|up) as one GEMM on CPU too. Off: CPU runs then reproduce
@@ -38,18 +38,18 @@ def grouped_linear(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    impl = kernels.rms_norm if _triton(x) else reference.rms_norm
+    impl = slide_kernels.rms_norm if _triton(x) else reference.rms_norm
     return impl(x, weight, eps)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return (kernels.swiglu if _triton(gate) else reference.swiglu)(gate, up)
+    return (slide_kernels.swiglu if _triton(gate) else reference.swiglu)(gate, up)
 
 
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return (kernels.rope if _triton(q) else reference.rope)(q, k, cos, sin)
+    return (slide_kernels.rope if _triton(q) else reference.rope)(q, k, cos, sin)
 
 
 def linear_cross_entropy(
@@ -58,7 +58,7 @@ def linear_cross_entropy(
     """Sum (not mean) of the token losses of hidden (T, H) @ weight (V, H).T; the caller scales
     by 1 / (valid tokens of the whole step), so micro-batches add up to the step's mean."""
     if _triton(hidden):
-        return kernels.fused_linear_cross_entropy(
+        return slide_kernels.fused_linear_cross_entropy(
             hidden, weight, labels, reduction="sum", chunk_size=chunk
         )
     return reference.linear_cross_entropy(hidden, weight, labels, reduction="sum")

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from executor import fused
-from kernels import rope_cos_sin
+from slide_kernels import rope_cos_sin
 from slide_ir.specs.model import ModelSpec
 
 Params = Mapping[str, torch.Tensor]

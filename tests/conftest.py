@@ -1,7 +1,7 @@
 """Test-wide set-up.
 
 Without CUDA, Triton kernels run in the interpreter: TRITON_INTERPRET must be set before anything
-imports `kernels` (triton reads it at decoration time), so it is set here, at collection start.
+imports `slide_kernels` (triton reads it at decoration time), so it is set here, at collection start.
 """
 
 import os

@@ -7,7 +7,7 @@ set -uo pipefail
 out=${1:?output directory}
 machine=${2:-bench/data/h200-calibrated.toml}
 source bench/device/h200_env.sh
-timeout 170 python3 -m pytest -q -m gpu tests/kernels tests/executor -p no:cacheprovider 2>&1 | tail -4
+timeout 170 python3 -m pytest -q -m gpu tests/slide_kernels tests/executor -p no:cacheprovider 2>&1 | tail -4
 stamp tests
 timeout 40 python3 -m bench.memory.layer_memory 2>&1 | tee "$out/layer_memory.md" | grep -v Warn
 stamp layer-memory

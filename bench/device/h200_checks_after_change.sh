@@ -9,7 +9,7 @@ source bench/device/h200_env.sh
 OUT=${OUT:?the device runner sets OUT}
 mkdir -p /tmp/checks
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; free -g; nproc; } > "$OUT/env.txt" 2>&1
-timeout 240 python3 -m pytest -q -m gpu tests/kernels tests/executor tests/slide -p no:cacheprovider \
+timeout 240 python3 -m pytest -q -m gpu tests/slide_kernels tests/executor tests/slide -p no:cacheprovider \
   > /tmp/checks/gpu_tests.txt 2>&1
 tail -6 /tmp/checks/gpu_tests.txt
 stamp gpu-tests

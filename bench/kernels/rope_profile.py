@@ -15,14 +15,14 @@ import torch
 from liger_kernel.transformers.functional import liger_rope
 from torch.profiler import ProfilerActivity, profile
 
-import kernels
+import slide_kernels
 from bench.kernels.speed import _outputs, memory_bound_cases
 
 
 def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     make = memory_bound_cases(gen)["rope"][0]
-    for name, fn in (("slide", kernels.rope), ("liger", liger_rope)):
+    for name, fn in (("slide", slide_kernels.rope), ("liger", liger_rope)):
         args = make()
         diff = [a.requires_grad_() for a in args[:2]]
         grads = [torch.randn_like(o) for o in _outputs(fn(*args))]

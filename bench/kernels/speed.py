@@ -41,8 +41,8 @@ from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels import reference  # noqa: E402
+import slide_kernels  # noqa: E402
+from slide_kernels import reference  # noqa: E402
 
 GIB = 1 << 30
 DEV, DTYPE = "cuda", torch.bfloat16
@@ -171,7 +171,7 @@ def memory_bound_cases(gen) -> dict:
         q = _hf_layout(b, s, m["q_heads"], m["head_dim"], gen)
         k = _hf_layout(b, s, m["kv_heads"], m["head_dim"], gen)
         positions = torch.arange(s, device=DEV).expand(b, s)
-        cos, sin = kernels.rope_cos_sin(m["head_dim"], positions, 500000.0, None, dtype=bf16)
+        cos, sin = slide_kernels.rope_cos_sin(m["head_dim"], positions, 500000.0, None, dtype=bf16)
         return (q, k, cos, sin)
 
     def swiglu_inputs():
@@ -363,7 +363,7 @@ def _rope_inputs(gen):
     m = LLAMA_8B
     q = _hf_layout(BATCH, SEQ, m["q_heads"], m["head_dim"], gen)
     k = _hf_layout(BATCH, SEQ, m["kv_heads"], m["head_dim"], gen)
-    cos, sin = kernels.rope_cos_sin(
+    cos, sin = slide_kernels.rope_cos_sin(
         m["head_dim"], torch.arange(SEQ, device=DEV), 5e5, dtype=q.dtype
     )
     return q, k, cos, sin
@@ -436,7 +436,7 @@ def _rel(x: torch.Tensor, gold: torch.Tensor) -> float:
 def _lce_errors(h, w, labels) -> tuple[dict, tuple[float, ...]]:
     """Gold (fp32 inputs and GEMMs, our kernel) and eager bf16's relative errors against it."""
     h32, w32 = (t.detach().float().requires_grad_() for t in (h, w))
-    gold = _grads(kernels.fused_linear_cross_entropy, h32, w32, labels)
+    gold = _grads(slide_kernels.fused_linear_cross_entropy, h32, w32, labels)
     del h32, w32
     eager = _grads(reference.linear_cross_entropy, h, w, labels)
     errs = tuple(_rel(e, g) for e, g in zip(eager, gold, strict=True))
@@ -448,7 +448,7 @@ def _lce_sweep_row(lce, h, w, labels, setting, gold: dict, eager_errs: tuple) ->
     """One LCE_SWEEP setting at h's token count: time, peak extra, and errors if gold is given."""
     chunk, logits_fp32, acc_fp32 = setting
     fn = functools.partial(
-        kernels.fused_linear_cross_entropy,
+        slide_kernels.fused_linear_cross_entropy,
         chunk_size=chunk, logits_fp32=logits_fp32, accumulate_fp32=acc_fp32,
     )  # fmt: skip
 
@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     liger = liger_ops()
     compiled = {op: torch.compile(getattr(reference, op)) for op in ("rms_norm", "rope", "swiglu")}
     lce_impls = {
-        "slide": kernels.fused_linear_cross_entropy,
+        "slide": slide_kernels.fused_linear_cross_entropy,
         "torch eager": reference.linear_cross_entropy,
         "torch.compile": torch.compile(reference.linear_cross_entropy),
     }

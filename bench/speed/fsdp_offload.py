@@ -31,9 +31,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-import kernels
+import slide_kernels
 from bench.speed.train_throughput import RssPeak, random_batches
-from kernels import reference
+from slide_kernels import reference
 from slide_ir.specs.model import ModelSpec
 from slide_ir.specs.model_catalog import load_model
 
@@ -55,7 +55,7 @@ class LossModel(nn.Module):
         weight = self.hf.lm_head.weight  # (V, H), unsharded BF16 inside the root's forward
         # Triton on CUDA (as the executor); the torch reference on CPU, as executor/fused.py does
         lce = (
-            kernels.fused_linear_cross_entropy if hidden.is_cuda else reference.linear_cross_entropy
+            slide_kernels.fused_linear_cross_entropy if hidden.is_cuda else reference.linear_cross_entropy
         )
         return lce(hidden.reshape(-1, self.hidden_size), weight, labels.reshape(-1))
 

@@ -27,7 +27,7 @@ import psutil
 import torch
 
 from executor.adam import AdamWConfig
-from kernels import fused_linear_cross_entropy
+from slide_kernels import fused_linear_cross_entropy
 from slide.session import train
 from slide.weights import param_names, param_shape
 from slide_ir.ir.trace import trace_metrics

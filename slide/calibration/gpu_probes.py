@@ -84,7 +84,7 @@ def lce_rate(model: ModelSpec, tokens: int = REF_LCE["tokens"]) -> Figure:
     """Our fused linear cross-entropy, forward + backward (GEMMs included), at the model's
     hidden size and vocabulary in the reference chunks (`gpu_rates.REF_LCE`): logits (tokens
     x vocab) per second."""
-    from kernels import fused_linear_cross_entropy
+    from slide_kernels import fused_linear_cross_entropy
 
     def leaf(*shape: int) -> torch.Tensor:
         t = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -108,7 +108,7 @@ def elementwise_rate(model: ModelSpec, tokens: int = 16384) -> Figure:
     adds), forward + backward through autograd, priced the way the cost model counts them:
     `ModelSpec.layer_elementwise_bytes` for the forward, twice that for the backward."""
     from executor.layers import make_rope
-    from kernels import rms_norm, rope, swiglu
+    from slide_kernels import rms_norm, rope, swiglu
 
     m, dev, bf16 = model, "cuda", torch.bfloat16
 

@@ -10,7 +10,7 @@ shapes are those of the executor's layers (`executor/layers.py`), T = batch x se
                           down  (T, H, I)
     backward, each (M, N, K) above gives d(input) (M, K, N) and d(weight) (N, K, M)
 
-    fused loss (`kernels.lce`), per chunk of C tokens (the last one shorter):
+    fused loss (`slide_kernels.lce`), per chunk of C tokens (the last one shorter):
                           logits (C, V, H), d(hidden) (C, H, V), d(weight) (V, H, C)
 
 A mixture-of-experts layer's routed GEMMs depend on the routing; its work carries no shapes and

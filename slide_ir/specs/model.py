@@ -234,7 +234,7 @@ class ModelSpec:
         return batch * seq * per_token
 
     def head_elementwise_bytes(self, batch: int, seq: int) -> int:
-        """HBM traffic of the fused loss outside its GEMMs (`kernels.lce`, bf16 logits): the
+        """HBM traffic of the fused loss outside its GEMMs (`slide_kernels.lce`, bf16 logits): the
         row kernel reads each chunk's logits twice (the log-sum-exp, then the gradient) and
         writes their gradient over them, 6 B per logit; the GEMMs' own reads and writes of the
         logits are theirs (`Gemm.bytes`)."""
@@ -331,7 +331,7 @@ class ModelSpec:
         """Peak bytes of the LM head + cross-entropy stage.
 
         Unfused: bf16 logits + their fp32 upcast for a stable softmax + fp32 grad of the logits:
-        tokens*vocab*(2+4+4). Fused chunked linear-cross-entropy (`kernels.lce`): one chunk's
+        tokens*vocab*(2+4+4). Fused chunked linear-cross-entropy (`slide_kernels.lce`): one chunk's
         bf16 logits at a time, their gradient written over them: chunk*vocab*2, chunk capped at
         the batch's token count.
         """

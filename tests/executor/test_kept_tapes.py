@@ -17,7 +17,7 @@ from runs import assert_bitwise_equal, assert_matches_reference, graph_of, run_e
 from executor import fused, layers
 from executor.layout import layer_layout
 from executor.tape import Tape
-from kernels import reference
+from slide_kernels import reference
 from slide_ir import OpKind
 from slide_ir.specs.model import ModelSpec
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_checks import DEVICE, assert_bf16_rule, assert_close_fp32, leaf
 
-from kernels import reference, rope, rope_cos_sin
+from slide_kernels import reference, rope, rope_cos_sin
 
 LLAMA3 = {
     "rope_type": "llama3",

@@ -4,7 +4,7 @@
 
 q (batch, q_heads, seq, head_dim) and k (batch, kv_heads, seq, head_dim), any strides with a unit
 last stride (HF's transposed projections are views); cos and sin (seq, head_dim) or
-(batch or 1, seq, head_dim), e.g. from `kernels.rope_freqs.rope_cos_sin`. One program per token
+(batch or 1, seq, head_dim), e.g. from `slide_kernels.rope_freqs.rope_cos_sin`. One program per token
 (b, s) loads that token's cos/sin once and rotates all its q and k heads. The map is linear and
 orthogonal, so the backward is the same kernel with sin's halves swapped and negated:
     dx1 = dy1 * cos1 + dy2 * sin2,   dx2 = dy2 * cos2 - dy1 * sin1.
@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import reference
-from kernels._common import next_power_of_2, num_warps_for, use_triton
+from slide_kernels import reference
+from slide_kernels._common import next_power_of_2, num_warps_for, use_triton
 
 ELEMS_PER_THREAD = 32  # per tensor half: num_warps = 2 x heads x head_dim / 2 / (32 x this);
 # 32 gives 4 warps for 32 q heads of 128, the H200 sweep's best (89.0 us vs 91.6 at 16, 8 warps)

@@ -2,7 +2,7 @@
 
 The Triton path runs for CUDA tensors, and for float32 CPU tensors when TRITON_INTERPRET=1 (the
 interpreter has no bfloat16 arithmetic). Everything else takes the pure-torch reference in
-`kernels.reference`, and the first such call per op logs why.
+`slide_kernels.reference`, and the first such call per op logs why.
 """
 
 import functools
@@ -11,7 +11,7 @@ import os
 
 import torch
 
-log = logging.getLogger("kernels")
+log = logging.getLogger("slide_kernels")
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 

@@ -1,23 +1,23 @@
 """Triton kernels for Slide's layers: fused linear cross-entropy, RMSNorm, RoPE, SwiGLU.
 
 Each op is one module with its Triton kernels, launchers, an autograd Function and one public
-function; `kernels.reference` holds the pure-torch equivalents (test gold, benchmark baseline, and
+function; `slide_kernels.reference` holds the pure-torch equivalents (test gold, benchmark baseline, and
 the fallback where Triton cannot run). Knows nothing of schedules.
 """
 
-from kernels.rope_freqs import rope_cos_sin, rope_inv_freq
+from slide_kernels.rope_freqs import rope_cos_sin, rope_inv_freq
 
 try:
-    from kernels.lce import fused_linear_cross_entropy
-    from kernels.rms_norm import rms_norm
-    from kernels.rope import rope
-    from kernels.swiglu import swiglu
+    from slide_kernels.lce import fused_linear_cross_entropy
+    from slide_kernels.rms_norm import rms_norm
+    from slide_kernels.rope import rope
+    from slide_kernels.swiglu import swiglu
 except ImportError as exc:  # no triton: every op is its pure-torch reference
     if getattr(exc, "name", None) != "triton":
         raise
-    from kernels._common import log
-    from kernels.reference import linear_cross_entropy as fused_linear_cross_entropy
-    from kernels.reference import rms_norm, rope, swiglu
+    from slide_kernels._common import log
+    from slide_kernels.reference import linear_cross_entropy as fused_linear_cross_entropy
+    from slide_kernels.reference import rms_norm, rope, swiglu
 
     log.info("kernels: triton is not installed; using the pure-torch references")
 

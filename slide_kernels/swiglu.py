@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import reference
-from kernels._common import use_triton
+from slide_kernels import reference
+from slide_kernels._common import use_triton
 
 BLOCK = 2048  # elements per program
 WARPS = 8  # 8 warps x 32 threads x 8 bf16 (one 16-byte access per tensor per thread)

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import reference
-from kernels._common import next_power_of_2, num_programs_cap, num_warps_for, use_triton
+from slide_kernels import reference
+from slide_kernels._common import next_power_of_2, num_programs_cap, num_warps_for, use_triton
 
 MAX_N = 65536  # one row must fit in a tile
 INT32_OFFSETS_BELOW = 2**31  # the forward's offsets are int32 below this many elements, else int64

@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import reference
-from kernels._common import log, use_triton
+from slide_kernels import reference
+from slide_kernels._common import log, use_triton
 
 # Chunk policy (lce_chunk_size); the defaults are set from `python -m bench.kernels.speed --sweep`.
 LCE_CHUNK_BUDGET_BYTES = 2 << 30  # cap on one chunk's logits: C x V x itemsize
@@ -125,7 +125,7 @@ def _addmm_fp32_out_works(device_type: str) -> bool:
         torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
         return bool(acc.eq(2).all())
     except (RuntimeError, TypeError) as exc:
-        log.warning("kernels.lce: addmm(out_dtype=float32) unavailable (%s); slower path", exc)
+        log.warning("slide_kernels.lce: addmm(out_dtype=float32) unavailable (%s); slower path", exc)
         return False
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_checks import assert_bf16_rule, assert_close_fp32, leaf
 
-from kernels import reference, swiglu
+from slide_kernels import reference, swiglu
 
 
 def _run(fn, gate, up, upstream, dtype):

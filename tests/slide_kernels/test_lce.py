@@ -11,8 +11,8 @@ from kernel_checks import (
     leaf,
 )
 
-from kernels import fused_linear_cross_entropy, reference
-from kernels.lce import lce_chunk_size, lce_forward
+from slide_kernels import fused_linear_cross_entropy, reference
+from slide_kernels.lce import lce_chunk_size, lce_forward
 
 IGNORE = -100
 
@@ -221,7 +221,7 @@ def test_lce_bf16_gpu_within_twice_torch_error(
 
 @pytest.mark.gpu
 def test_lce_uses_the_fp32_addmm_fast_path():
-    from kernels.lce import _addmm_fp32_out_works
+    from slide_kernels.lce import _addmm_fp32_out_works
 
     assert _addmm_fp32_out_works("cuda")
 

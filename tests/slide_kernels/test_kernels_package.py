@@ -1,28 +1,29 @@
-"""`kernels` is our package, transformers works beside it, and the ops match transformers' layers.
+"""`slide_kernels` is our package, transformers works beside it, and the ops match transformers' layers.
 
-A PyPI distribution is also called `kernels`, and transformers probes for it: our package must be
-the one imported, and must not be mistaken for it.
+A PyPI distribution is called `kernels` (transformers >= 5.25 depends on it and imports it at model
+load): our package must be the one `slide_kernels` imports, and must never be what `kernels` finds.
 """
 
+import importlib.util
 from pathlib import Path
 
 import torch
 from kernel_checks import assert_close_fp32
 
-import kernels
+import slide_kernels
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_import_kernels_is_ours():
-    assert Path(kernels.__file__).resolve().is_relative_to(REPO)
-    assert callable(kernels.fused_linear_cross_entropy) and callable(kernels.rope_cos_sin)
+def test_import_slide_kernels_is_ours():
+    assert Path(slide_kernels.__file__).resolve().is_relative_to(REPO)
+    assert callable(slide_kernels.fused_linear_cross_entropy) and callable(slide_kernels.rope_cos_sin)
 
 
-def test_transformers_does_not_take_us_for_hub_kernels():
-    from transformers.utils.import_utils import is_kernels_available
-
-    assert not is_kernels_available()
+def test_the_name_kernels_is_not_ours():
+    """A top-level package of ours is REPO/<name>/__init__.py: `kernels` must resolve elsewhere."""
+    spec = importlib.util.find_spec("kernels")
+    assert spec is None or Path(spec.origin or "").resolve().parent.parent != REPO
 
 
 def _tiny_llama():
@@ -64,19 +65,19 @@ def test_ops_match_the_llama_layers():
     with torch.no_grad():
         norm = layer.input_layernorm
         assert_close_fp32(
-            kernels.rms_norm(x, norm.weight, norm.variance_epsilon), norm(x), "rms_norm"
+            slide_kernels.rms_norm(x, norm.weight, norm.variance_epsilon), norm(x), "rms_norm"
         )
         gate, up = layer.mlp.gate_proj(x), layer.mlp.up_proj(x)
-        assert_close_fp32(kernels.swiglu(gate, up), layer.mlp.act_fn(gate) * up, "swiglu")
+        assert_close_fp32(slide_kernels.swiglu(gate, up), layer.mlp.act_fn(gate) * up, "swiglu")
         positions = torch.arange(9).expand(2, 9)
         cos, sin = model.model.rotary_emb(x, positions)
         q, k = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 9, 8)
-        ours, theirs = kernels.rope(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)
+        ours, theirs = slide_kernels.rope(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)
         for a, b in zip(ours, theirs, strict=True):
             assert_close_fp32(a, b, "rope")
         out = model(ids, labels=labels, output_hidden_states=True)
         hidden = out.hidden_states[-1][:, :-1].reshape(-1, 32)  # HF shifts labels by one
-        loss = kernels.fused_linear_cross_entropy(
+        loss = slide_kernels.fused_linear_cross_entropy(
             hidden, model.lm_head.weight, labels[:, 1:].reshape(-1)
         )
         assert_close_fp32(loss, out.loss, "lce")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_checks import assert_bf16_rule, assert_close_fp32, leaf
 
-from kernels import reference, rms_norm
+from slide_kernels import reference, rms_norm
 
 
 def _run(fn, x, w, eps, upstream, dtype):
@@ -41,7 +41,7 @@ def test_rms_norm_matches_fp64_reference(shape):
 def test_rms_norm_small_tiles_split_rows_over_programs(monkeypatch, tile):
     """Tiles of 2 or 8 rows: 129 or 33 row blocks over the interpreter's 4 backward programs,
     a run of blocks each, the last run and the last block ragged."""
-    rn = importlib.import_module("kernels.rms_norm")  # the module: `kernels` exports the function
+    rn = importlib.import_module("slide_kernels.rms_norm")  # the module: `slide_kernels` exports the function
     monkeypatch.setattr(rn, "TILE", tile)
     monkeypatch.setattr(rn, "BWD_TILE", tile)
     gen = torch.Generator().manual_seed(tile)
@@ -58,7 +58,7 @@ def test_rms_norm_small_tiles_split_rows_over_programs(monkeypatch, tile):
 def test_rms_norm_forward_address_paths(monkeypatch, int32_below, rows):
     """The forward's int32 and int64 offsets, with tiles of 2 rows that fill the rows exactly
     (no row mask) or leave the last one half empty."""
-    rn = importlib.import_module("kernels.rms_norm")
+    rn = importlib.import_module("slide_kernels.rms_norm")
     monkeypatch.setattr(rn, "INT32_OFFSETS_BELOW", int32_below)
     monkeypatch.setattr(rn, "TILE", 32)
     gen = torch.Generator().manual_seed(rows)
