@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from executor import fused
-from slide_kernels import rope_cos_sin
 from slide_ir.specs.model import ModelSpec
+from slide_kernels import rope_cos_sin
 
 Params = Mapping[str, torch.Tensor]
 

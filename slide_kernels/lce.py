@@ -125,7 +125,9 @@ def _addmm_fp32_out_works(device_type: str) -> bool:
         torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
         return bool(acc.eq(2).all())
     except (RuntimeError, TypeError) as exc:
-        log.warning("slide_kernels.lce: addmm(out_dtype=float32) unavailable (%s); slower path", exc)
+        log.warning(
+            "slide_kernels.lce: addmm(out_dtype=float32) unavailable (%s); slower path", exc
+        )
         return False
 
 

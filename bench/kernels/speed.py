@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     if "lce" in liger:
         lce_impls["liger"] = liger["lce"]
     impls_by_op = {
-        op: {"slide": getattr(kernels, op), "torch eager": getattr(reference, op),
+        op: {"slide": getattr(slide_kernels, op), "torch eager": getattr(reference, op),
              "torch.compile": compiled[op], **({"liger": liger[op]} if op in liger else {})}
         for op in ("rms_norm", "rope", "swiglu")
     }  # fmt: skip

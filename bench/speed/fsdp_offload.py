@@ -33,9 +33,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 import slide_kernels
 from bench.speed.train_throughput import RssPeak, random_batches
-from slide_kernels import reference
 from slide_ir.specs.model import ModelSpec
 from slide_ir.specs.model_catalog import load_model
+from slide_kernels import reference
 
 log = logging.getLogger("bench")
 
@@ -55,7 +55,9 @@ class LossModel(nn.Module):
         weight = self.hf.lm_head.weight  # (V, H), unsharded BF16 inside the root's forward
         # Triton on CUDA (as the executor); the torch reference on CPU, as executor/fused.py does
         lce = (
-            slide_kernels.fused_linear_cross_entropy if hidden.is_cuda else reference.linear_cross_entropy
+            slide_kernels.fused_linear_cross_entropy
+            if hidden.is_cuda
+            else reference.linear_cross_entropy
         )
         return lce(hidden.reshape(-1, self.hidden_size), weight, labels.reshape(-1))
 

@@ -27,7 +27,6 @@ import psutil
 import torch
 
 from executor.adam import AdamWConfig
-from slide_kernels import fused_linear_cross_entropy
 from slide.session import train
 from slide.weights import param_names, param_shape
 from slide_ir.ir.trace import trace_metrics
@@ -36,6 +35,7 @@ from slide_ir.specs.config import TrainConfig, parse_count_or_auto
 from slide_ir.specs.hardware import load_machine
 from slide_ir.specs.model import ModelSpec
 from slide_ir.specs.model_catalog import load_model
+from slide_kernels import fused_linear_cross_entropy
 
 log = logging.getLogger("bench")
 

@@ -17,9 +17,9 @@ from runs import assert_bitwise_equal, assert_matches_reference, graph_of, run_e
 from executor import fused, layers
 from executor.layout import layer_layout
 from executor.tape import Tape
-from slide_kernels import reference
 from slide_ir import OpKind
 from slide_ir.specs.model import ModelSpec
+from slide_kernels import reference
 
 CASES = {
     # 2 of 4 layers kept, the top one's weights held on the GPU, the other's slot reused

@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_import_slide_kernels_is_ours():
     assert Path(slide_kernels.__file__).resolve().is_relative_to(REPO)
-    assert callable(slide_kernels.fused_linear_cross_entropy) and callable(slide_kernels.rope_cos_sin)
+    assert callable(slide_kernels.fused_linear_cross_entropy) and callable(
+        slide_kernels.rope_cos_sin
+    )
 
 
 def test_the_name_kernels_is_not_ours():

@@ -41,7 +41,9 @@ def test_rms_norm_matches_fp64_reference(shape):
 def test_rms_norm_small_tiles_split_rows_over_programs(monkeypatch, tile):
     """Tiles of 2 or 8 rows: 129 or 33 row blocks over the interpreter's 4 backward programs,
     a run of blocks each, the last run and the last block ragged."""
-    rn = importlib.import_module("slide_kernels.rms_norm")  # the module: `slide_kernels` exports the function
+    rn = importlib.import_module(
+        "slide_kernels.rms_norm"
+    )  # the module: `slide_kernels` exports the function
     monkeypatch.setattr(rn, "TILE", tile)
     monkeypatch.setattr(rn, "BWD_TILE", tile)
     gen = torch.Generator().manual_seed(tile)
