@@ -38,7 +38,7 @@ def use_triton(op: str, *tensors: torch.Tensor) -> bool:
 
 @functools.cache
 def _log_fallback(op: str, reason: str) -> None:
-    log.info("kernels.%s: using the pure-torch reference because %s", op, reason)
+    log.info("slide_kernels.%s: using the pure-torch reference because %s", op, reason)
 
 
 def num_programs_cap(device: torch.device, per_sm: int = 4) -> int:

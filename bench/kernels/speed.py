@@ -506,7 +506,7 @@ def sweep(ops: str = "all") -> list[str]:
     "all" or "rms_norm" (the norm's settings alone: a short run)."""
     # modules, not the same-named functions that `kernels` exports
     lce, rn, rp, sw = (
-        importlib.import_module(f"kernels.{m}") for m in ("lce", "rms_norm", "rope", "swiglu")
+        importlib.import_module(f"slide_kernels.{m}") for m in ("lce", "rms_norm", "rope", "swiglu")
     )
 
     gen = torch.Generator(device=DEV).manual_seed(1)
@@ -522,7 +522,7 @@ def sweep(ops: str = "all") -> list[str]:
 
 def bench_kernels_alone(copy_gbs: float) -> list[dict]:
     """Slide's backward kernels by themselves, as autograd launches them (no host in the way)."""
-    rn, rp = (importlib.import_module(f"kernels.{m}") for m in ("rms_norm", "rope"))
+    rn, rp = (importlib.import_module(f"slide_kernels.{m}") for m in ("rms_norm", "rope"))
     gen = torch.Generator(device=DEV).manual_seed(2)
     x = torch.randn(BATCH * SEQ, LLAMA_8B["hidden"], device=DEV, generator=gen).to(DTYPE)
     w, dy = torch.rand(x.shape[1], device=DEV, dtype=DTYPE) + 0.5, torch.randn_like(x)

@@ -73,7 +73,7 @@ def _gpu_kernels_in_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA path of `executor.fused` on CPU bf16 tensors: the kernels' own autograd
     Functions (so exactly what they save for backward), their launches done in torch, and q/k/v
     and gate/up as one GEMM each."""
-    rms, rope, swiglu = (sys.modules[f"kernels.{m}"] for m in ("rms_norm", "rope", "swiglu"))
+    rms, rope, swiglu = (sys.modules[f"slide_kernels.{m}"] for m in ("rms_norm", "rope", "swiglu"))
 
     def rms_forward(x2d: torch.Tensor, w: torch.Tensor, eps: float):  # type: ignore[no-untyped-def]
         rstd = torch.rsqrt(x2d.float().pow(2).mean(-1) + eps)  # (rows,) fp32, as the kernel
