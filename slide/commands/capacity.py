@@ -10,7 +10,13 @@ from typing import Any
 from slide import json_out
 from slide.commands.common import DEFAULT_MACHINE, add_machine_overrides, drive_count
 from slide_ir.planning.capacity import capacity, placements
-from slide_ir.specs.config import ACTIVATION_PLACES, MOMENT_DTYPES, OPTIMIZER_PLACES, TrainConfig
+from slide_ir.specs.config import (
+    ACTIVATION_PLACES,
+    CLIP_MODES,
+    MOMENT_DTYPES,
+    OPTIMIZER_PLACES,
+    TrainConfig,
+)
 from slide_ir.specs.hardware import load_machine
 from slide_ir.specs.hardware_parts import Machine
 
@@ -42,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=MOMENT_DTYPES,
         help="only this Adam moment precision [both, as separate modes]",
     )
+    parser.add_argument(
+        "--clip",
+        choices=CLIP_MODES,
+        default="global",
+        help="gradient clipping, as `slide train --clip` (global holds every host-updated "
+        "gradient until the step's norm: 2 B/param more host RAM) [global, train's default]",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -56,14 +69,21 @@ def run(args: argparse.Namespace) -> int:
         wanted = [(args.activations or "cpu", args.optimizer or "cpu")]
     moments = [args.moments] if args.moments else list(MOMENT_DTYPES)
     configs = [
-        TrainConfig(batch=args.batch, seq=args.seq, activations=a, optimizer=o, moments_dtype=m)
+        TrainConfig(
+            batch=args.batch,
+            seq=args.seq,
+            activations=a,
+            optimizer=o,
+            moments_dtype=m,
+            clip=args.clip,
+        )  # fmt: skip
         for a, o in wanted
         for m in moments
     ]
     results = [mode_capacity(machine, config) for config in configs]
     out = {"machine": machine.name, "ram_bytes": machine.ram_bytes,
            "nvme_bytes": nvme_bytes(machine), "batch": args.batch, "seq": args.seq,
-           "placements": results}  # fmt: skip
+           "clip": args.clip, "placements": results}  # fmt: skip
     if args.json:
         print(json_out.dumps(out, indent=2))
     else:
@@ -106,7 +126,7 @@ def slideformer_bytes_per_param(optimizer: str, moments: str = "fp32") -> int:
 
 def render(out: dict[str, Any]) -> str:
     drives = f", {out['nvme_bytes'] / 1e9:.0f} GB of NVMe" if out["nvme_bytes"] else ""
-    lines = [f"{out['machine']}: batch {out['batch']} x seq {out['seq']}; "
+    lines = [f"{out['machine']}: batch {out['batch']} x seq {out['seq']}, --clip {out['clip']}; "
              f"{out['ram_bytes'] / 2**30:.0f} GiB of RAM{drives}"]  # fmt: skip
     for r in out["placements"]:
         best = r["largest_model"] or "none"

@@ -37,6 +37,11 @@ def suggest_fixes(
     if "cpu" in over:
         trial = machine if machine.nvme else with_drives(machine, 1)
         extra = "" if machine.nvme else " --nvme 1"
+        if config.deferred_updates and _fits(model, machine, replace(config, clip="per-unit"),
+                                             "cpu"):  # fmt: skip
+            out.append("clip each unit's gradient by its own norm (--clip per-unit): global "
+                       "clipping keeps every host-updated gradient in RAM until the step's "
+                       "norm is known")  # fmt: skip
         for field in ("optimizer", "activations"):
             if getattr(config, field) != "nvme":
                 moved = replace(config, **{field: "nvme"})  # type: ignore[arg-type]

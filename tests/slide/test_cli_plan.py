@@ -215,6 +215,18 @@ def test_72b_on_the_4090_pc_gets_a_gpu_suggestion_that_fits(capsys):
     assert json.loads(out)["overflows"].keys() == {"cpu"}  # the GPU now fits; the RAM never did
 
 
+def test_a_ram_overflow_of_global_clipping_is_told_per_unit_clipping_fits(capsys):
+    """70B with its optimizer on NVMe on the 4090 PC: under the default global clipping every
+    gradient waits in RAM for the norm, and the advice names the clipping that fits."""
+    argv = ("plan", "--model", "llama-3.1-70b", "--machine", "paper-pc-4090", "--optimizer",
+            "nvme", "--cache-units", "2")  # fmt: skip
+    code, out, _ = run(capsys, *argv)
+    assert code == 1
+    assert any("(--clip per-unit)" in line for line in out.splitlines())
+    code, out, _ = run(capsys, *argv, "--clip", "per-unit", "--json")
+    assert "cpu" not in json.loads(out)["overflows"]
+
+
 def test_plan_compares_with_the_baseline_schedules(capsys):
     code, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b", "--json")
     assert code == 0

@@ -291,7 +291,8 @@ def test_capacity_shows_host_bytes_per_param_beside_slideformers_rule(capsys):
     place = json.loads(out)["placements"][0]
     model = load_model(place["largest_model"])
     machine = load_machine("paper-pc-4090", ram_gb=128)
-    host = smallest_ledger(model, machine, TrainConfig(batch=1, seq=1024)).peak_bytes("cpu")
+    config = TrainConfig(batch=1, seq=1024, clip="global")  # `slide train`'s default
+    host = smallest_ledger(model, machine, config).peak_bytes("cpu")
     assert place["host_bytes_per_param"] == pytest.approx(host / model.total_params, abs=1e-3)
     assert f"host RAM {host / model.total_params:.1f} B/param" in text
     rule = 128 * 2**30 / 12 / 1e9  # RAM over SlideFormer's 12 B/param
@@ -328,6 +329,22 @@ def test_capacity_moments_flag_picks_one_mode_and_the_nvme_rule_counts_the_drive
     rule = nvme["slideformer_host_bytes_per_param"], nvme["slideformer_nvme_bytes_per_param"]
     assert rule == (0, 8)
     assert nvme["slideformer_params"] == round(2000e9 / 8)  # the preset's one 2 TB drive
+
+
+def test_capacity_answers_for_trains_default_clipping_and_clip_changes_it(capsys):
+    """Global clipping holds every host-updated gradient until the norm (2 B/param of landing):
+    capacity under `slide train`'s default is never larger than without clipping."""
+    default = _capacity_modes(capsys, "--optimizer", "cpu", "--moments", "fp32")
+    none = _capacity_modes(capsys, "--optimizer", "cpu", "--moments", "fp32", "--clip", "none")
+    glob, bare = default[("cpu", "fp32")], none[("cpu", "fp32")]
+    assert glob["largest_model_params"] <= bare["largest_model_params"]
+    assert (
+        glob["families"]["llama-3.1"]["scaled_params"]
+        < bare["families"]["llama-3.1"]["scaled_params"]
+    )
+    code, text, _ = run(capsys, "capacity", "--machine", "paper-pc-4090", "--optimizer", "cpu",
+                        "--activations", "cpu", "--clip", "per-unit")  # fmt: skip
+    assert code == 0 and text.startswith("paper-pc-4090: batch 1 x seq 1024, --clip per-unit;")
 
 
 def test_capacity_refuses_a_bad_moments_value(capsys):
