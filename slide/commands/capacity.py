@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             optimizer=o,
             moments_dtype=m,
             clip=args.clip,
-        )  # fmt: skip
+        )
         for a, o in wanted
         for m in moments
     ]
