@@ -308,6 +308,13 @@ class _Allocator:
             nbytes = numel * (4 + 2 * s.moments_dtype.itemsize)
             self.put(pool, f"{UNIT_KEYS[pool.role]}.{unit}", state, nbytes)
 
+    def master_staging(self, pool: Pool) -> None:
+        """Slots the FP32 master is read into from NVMe for a cast: a drive's stripe of the
+        pool's largest unit each, aligned for O_DIRECT."""
+        numel = stripe_numel(self.largest(pool), self.s.stripes)
+        for key in pool.slot_ids():
+            self.put(pool, key, self.host(pool, numel, torch.float32, aligned=True), numel * 4)
+
     def opt_staging(self, pool: Pool) -> None:
         """The host staging ring of NVMe optimizer-state stripes, as raw bytes that
         `nvme.stripe_state` views as master / m / v."""
@@ -338,6 +345,7 @@ ALLOCATORS: dict[PoolRole, Callable[[_Allocator, Pool], None]] = {
     R.MOMENTS: _Allocator.per_unit,
     R.NVME_STATE: _Allocator.skip,
     R.OPT_STAGING: _Allocator.opt_staging,
+    R.MASTER_STAGING: _Allocator.master_staging,
     R.GRAD_NORMS: _Allocator.fp32_slots,
     R.GRAD_SCALE: _Allocator.fp32_slots,
     R.ROLLBACK: _Allocator.rollback,

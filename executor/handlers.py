@@ -5,7 +5,8 @@ takes its operands from the op's values (a copy reads its source, writes its des
 Copies are `non_blocking` on the lane's stream (CUDA) and plain synchronous copies in CPU mode.
 
     H2D_PARAM, W_D2H, D2H_GRAD, ACT_SAVE, ACT_LOAD   reads (src)  writes (dst)
-    CAST       reads (master)           writes (compute-dtype weights: a pinned copy or ring slot)
+    CAST       reads (master, or its stripes read from NVMe)   writes (compute-dtype weights: a
+               pinned copy or ring slot)
     OPT_H2D    reads (master, moments)  writes (state)
     OPT_D2H    reads (state)            writes (master, moments)
     GRAD_ACCUM reads (landed grads)     writes (accumulator, += after the first micro-batch)
@@ -15,7 +16,8 @@ Copies are `non_blocking` on the lane's stream (CUDA) and plain synchronous copi
     REDO       by role: landed grads or the accumulator, the scale, the rollback copy; writes
                the state (and the pinned weights) back when the step clips or is skipped
     GRAD_NORM, NORM   global clipping (`clipping`)
-    NVME_READ / NVME_WRITE   reads (src)  writes (dst): activations, or a state stripe
+    NVME_READ / NVME_WRITE   reads (src)  writes (dst): activations, a state stripe, or a
+               stripe's master part for a cast
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from executor import adam, clipping, compute
-from executor.buffers import OptState
+from executor.buffers import OptState, stripe_numel
 from executor.env import Env, LaneState
 from slide_ir.ir.graph import Graph, Op, OpKind, PoolRole, Value
 from slide_ir.ir.vocab import lane_index
@@ -96,8 +98,18 @@ def copy(env: Env, lane: LaneState, op: Op) -> None:
 
 def cast(env: Env, lane: LaneState, op: Op) -> None:
     """The rank's shard of a unit's FP32 master into compute-dtype weights (its pinned copy, or
-    a weight-ring slot sized for the largest unit), on the cpu lane's threads."""
-    _on_host(env, op.writes[0], op.unit).copy_(env.buffers.of(op.reads[0], op.unit))
+    a weight-ring slot sized for the largest unit), on the cpu lane's threads. The master is
+    one tensor in RAM, or one stripe per drive read from NVMe (element ranges, in order)."""
+    dst = _on_host(env, op.writes[0], op.unit)
+    stripes = _role(env, op.reads, R.MASTER_STAGING)
+    if not stripes:
+        dst.copy_(env.buffers.of(op.reads[0], op.unit))
+        return
+    assert env.nvme is not None
+    per = stripe_numel(dst.numel(), env.nvme.drives)
+    for k, v in enumerate(stripes):
+        part = dst[k * per : (k + 1) * per]
+        part.copy_(env.buffers.of(v, op.unit)[: part.numel()])
 
 
 # -- host optimizer (cpu lane) -----------------------------------------------------------------
@@ -182,9 +194,14 @@ def nvme_write(env: Env, lane: LaneState, op: Op) -> None:
 
 
 def nvme_read(env: Env, lane: LaneState, op: Op) -> None:
+    """A stripe of a unit's optimizer state, an activation slot, or (into `MASTER_STAGING`, for
+    a cast) the master part that leads the unit's stripe."""
     assert env.nvme is not None
     offset = _nvme_offset(env, op.reads[0], op.unit)
-    env.nvme.read(lane_index(op.lane), offset, env.buffers.of(op.writes[0], op.unit))
+    dst = env.buffers.of(op.writes[0], op.unit)
+    if env.buffers.roles[op.writes[0].slot] == R.MASTER_STAGING:
+        dst = dst[: stripe_numel(env.shards[op.unit].numel, env.nvme.drives)]
+    env.nvme.read(lane_index(op.lane), offset, dst)
 
 
 # -- net lane (data parallel) -------------------------------------------------------------------

@@ -115,6 +115,10 @@ class NvmeStore:
             raise
         log.info("nvme: drive files %s (%s)", ", ".join(map(str, self.paths)), self.kind)
 
+    @property
+    def drives(self) -> int:
+        return len(self.paths)
+
     def _extents(self, drive: int, slots: Iterable[int]) -> list[tuple[int, int]]:
         """(offset, bytes) of what drive `drive`'s file holds: all stripes, its act slots."""
         out = [(0, self.act_base)] if self.act_base else []

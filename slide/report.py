@@ -149,6 +149,8 @@ def _upload_source(led: Ledger) -> str:
     """Where the sliding units' uploads read their weights (`--host-weights`)."""
     roles = {t.pool.role for t in led.terms}
     cast = "cast from the fp32 master (weight ring)" if PoolRole.WEIGHT_STAGING in roles else ""
+    if PoolRole.MASTER_STAGING in roles:
+        cast = "cast from the fp32 master read from NVMe (weight ring)"
     pinned = "from a pinned bf16 copy" if PoolRole.HOST_WEIGHTS in roles else ""
     return " or ".join(w for w in (cast, pinned) if w) or "none (nothing slides)"
 

@@ -100,8 +100,9 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "--host-weights",
         choices=HOST_WEIGHT_MODES,
         default="auto",
-        help="the bf16 weights an upload reads, for host-updated units with their master in "
-        "RAM: cast from the master into a small pinned ring just before the upload, or a "
+        help="the bf16 weights an upload reads, for host-updated units: cast from the FP32 "
+        "master into a small pinned ring just before the upload (with --optimizer nvme the "
+        "master is read from the drive for it: 4 B/param more drive reads per upload), or a "
         "pinned copy of every unit that the update writes (2 B/param more host RAM, less host "
         "work); auto: the faster plan that fits, cast on a tie [auto]",
     )

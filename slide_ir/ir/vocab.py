@@ -93,6 +93,7 @@ class PoolRole(StrEnum):
     GRAD_LANDING = "grad_landing"  # pinned RAM that downloaded gradients land in
     HOST_WEIGHTS = "host_weights"  # the pinned compute-dtype copy an upload reads
     WEIGHT_STAGING = "weight_staging"  # a pinned ring an upload reads, cast from the master
+    MASTER_STAGING = "master_staging"  # RAM the FP32 master is read into from NVMe for a cast
     GRAD_ACCUM = "grad_accum"  # FP32 gradient accumulators in RAM
     MASTER = "master"  # FP32 master weights in RAM (pinned for streamed units)
     MOMENTS = "moments"  # Adam moments in RAM (pinned for streamed units)

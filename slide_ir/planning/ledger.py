@@ -40,6 +40,7 @@ from slide_ir.planning.transfer_terms import (
     cast_units,
     host_weight_terms,
     layer_landing_terms,
+    master_staging_terms,
     vocab_landing_terms,
     weight_ring_terms,
 )
@@ -176,6 +177,7 @@ def _sliding_terms(
     cast = cast_units(config, host_updated)
     host_weight_terms(terms, model, [u for u in sliding if u not in cast])
     weight_ring_terms(terms, model, cast)
+    master_staging_terms(terms, model, config, cast, drives)
     grad_accum_terms(terms, model, config, sliding)
     global_clip_terms(terms, model, config)
     optimizer_terms(terms, model, config, host_updated, drives)

@@ -25,7 +25,8 @@ _PER_ELEMENT = frozenset({K.H2D_PARAM, K.D2H_GRAD, K.ADAM, K.GPU_ADAM, K.OPT_H2D
 _STATE_IO = frozenset({K.NVME_READ, K.NVME_WRITE})  # per element when they move a unit's state
 # pools holding per-element state or its staging, split by element range
 _SHARDED = frozenset({R.GRAD_LANDING, R.HOST_WEIGHTS, R.GRAD_ACCUM, R.MASTER, R.MOMENTS,
-                      R.NVME_STATE, R.OPT_STAGING, R.STREAM_STATE, R.ROLLBACK})  # fmt: skip
+                      R.NVME_STATE, R.OPT_STAGING, R.STREAM_STATE, R.ROLLBACK,
+                      R.MASTER_STAGING})  # fmt: skip
 _HANDBACK = "host_handback"  # GPU-kept state handed back to host RAM: each rank its shard
 
 

@@ -38,7 +38,7 @@ ROLE_DTYPES = {R.HIDDEN: Dtype.COMPUTE, R.HIDDEN_GRAD: Dtype.COMPUTE, R.HOST_HID
                R.UNIT: Dtype.COMPUTE, R.DEVICE_WEIGHTS: Dtype.COMPUTE,
                R.DEVICE_GRADS: Dtype.COMPUTE, R.GRAD_LANDING: Dtype.COMPUTE,
                R.HOST_WEIGHTS: Dtype.COMPUTE, R.WEIGHT_STAGING: Dtype.COMPUTE,
-               R.GRAD_ACCUM: Dtype.FP32, R.MASTER: Dtype.FP32, R.MOMENTS: Dtype.MOMENTS, R.GRAD_NORMS: Dtype.FP32, R.GRAD_SCALE: Dtype.FP32}  # fmt: skip
+               R.GRAD_ACCUM: Dtype.FP32, R.MASTER: Dtype.FP32, R.MASTER_STAGING: Dtype.FP32, R.MOMENTS: Dtype.MOMENTS, R.GRAD_NORMS: Dtype.FP32, R.GRAD_SCALE: Dtype.FP32}  # fmt: skip
 
 
 class Terms:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from slide_ir.ir.graph import Pool, Tier
 from slide_ir.ir.graph import PoolRole as R
 from slide_ir.planning.terms import Terms, unit_groups
-from slide_ir.planning.units import BF16, unit_params
+from slide_ir.planning.units import BF16, FP32, unit_params
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
 
@@ -91,12 +91,26 @@ WEIGHT_RING_SLOTS = 2
 
 def cast_units(config: TrainConfig, host_updated: list[int]) -> list[int]:
     """The host-updated units whose uploads are cast from the master into the weight ring
-    (`TrainConfig.host_weights`, "auto" as "cast": the smallest footprint): those with the
-    master in RAM (on NVMe it is in RAM only around the update, which writes their pinned
-    copy instead)."""
-    if config.host_weights == "pinned" or config.optimizer == "nvme":
+    (`TrainConfig.host_weights`, "auto" as "cast": the smallest footprint). A master on NVMe
+    is read into `master_staging_terms` for each cast."""
+    if config.host_weights == "pinned":
         return []
     return host_updated
+
+
+def master_staging_terms(
+    terms: Terms, model: ModelSpec, config: TrainConfig, units: list[int], drives: int
+) -> None:
+    """With the master on NVMe (`--optimizer nvme`), the RAM each cast reads it into: per
+    weight-ring slot one stripe per drive, each a stripe of the largest of `units` (pageable:
+    only the cpu lane reads it)."""
+    if config.optimizer != "nvme" or not units:
+        return
+    largest = max(unit_params(model, u) for u in units)
+    stripe, k = -(-largest // drives), WEIGHT_RING_SLOTS * drives
+    terms.add("master_staging", Tier.CPU, k, stripe * FP32, "fp32 master read for a cast",
+              f"{WEIGHT_RING_SLOTS} x {drives} drive stripes of {stripe:.4g} params x 4 B",
+              role=R.MASTER_STAGING, units=tuple(units))  # fmt: skip
 
 
 def weight_ring_terms(terms: Terms, model: ModelSpec, units: list[int]) -> None:

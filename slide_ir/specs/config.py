@@ -41,10 +41,10 @@ class MomentsDtype(StrEnum):
 
 class HostWeights(StrEnum):
     """Where the compute-dtype weights an upload reads come from, for host-updated units
-    whose FP32 master is in RAM (`slide_ir.planning.weight_ring`)."""
+    (`slide_ir.planning.weight_ring`)."""
 
     # cast from the master into a small pinned ring just before each upload (SlideFormer's
-    # layout: no copy of the weights beside the master)
+    # layout: no copy of the weights beside the master); a master on NVMe is read for it
     CAST = "cast"
     PINNED = "pinned"  # a pinned copy of every unit, written by the update (2 B/param more)
     # the planner times both and keeps the faster plan that fits, cast on a tie (casts are

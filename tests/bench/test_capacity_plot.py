@@ -29,3 +29,12 @@ def test_points_grow_with_ram_and_bf16_moments_fit_at_least_fp32():
     fp32, bf16 = list(modes)
     for ram in (64, 128):
         assert by[(bf16, ram)]["params"] >= by[(fp32, ram)]["params"]
+
+
+def test_global_clipping_never_fits_more_than_none():
+    """The train default's curve: the held gradients cost RAM, never capacity gained."""
+    modes = {k: v for k, v in cp.MODES.items() if v[0] == "nvme"}
+    rows = cp.curve_points("paper-pc-4090", 1, (128,), modes)
+    (bare, clipped) = (r for r in rows)
+    assert modes[bare["mode"]][2] == "none" and modes[clipped["mode"]][2] == "global"
+    assert 0 < clipped["params"] < bare["params"]

@@ -22,6 +22,7 @@ CASES = {
     "resident-2-streamed-2-bf16-moments": {"resident": 2, "streamed": 2, "moments_dtype": "bf16"},
     "grad-accum-2": {"grad_accum": 2, "streamed": 0},
     "nvme-moments": {"optimizer": "nvme-moments", "streamed": 0},
+    "nvme-cast": {"optimizer": "nvme", "streamed": 0, "host_weights": "cast"},
     "zero-offload": {"schedule": "zero-offload"},
 }
 

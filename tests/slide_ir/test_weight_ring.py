@@ -21,15 +21,14 @@ STATE_ROLES = (R.MASTER, R.MOMENTS, R.HOST_WEIGHTS)
 
 # (optimizer, moments) -> host bytes/param of master + moments + pinned weight copy, by hand:
 # master 4 B in RAM unless on NVMe; moments 8 B (FP32) or 4 B (BF16) unless on NVMe; the pinned
-# copy 2 B, except where uploads cast (master in RAM); under "nvme" the master is in RAM only
-# around its update, so the copy stays
+# copy 2 B, except where uploads cast (from the master in RAM, or read off the drive)
 HAND = {
     ("cpu", "fp32"): {"cast": 12, "pinned": 14},
     ("cpu", "bf16"): {"cast": 8, "pinned": 10},
     ("nvme-moments", "fp32"): {"cast": 4, "pinned": 6},
     ("nvme-moments", "bf16"): {"cast": 4, "pinned": 6},
-    ("nvme", "fp32"): {"cast": 2, "pinned": 2},
-    ("nvme", "bf16"): {"cast": 2, "pinned": 2},
+    ("nvme", "fp32"): {"cast": 0, "pinned": 2},
+    ("nvme", "bf16"): {"cast": 0, "pinned": 2},
 }
 
 
@@ -50,15 +49,18 @@ def test_state_bytes_per_param_are_the_hand_counts(llama8b, pc, mode, weights) -
 @pytest.mark.parametrize("optimizer", ["cpu", "nvme-moments", "nvme"])
 def test_the_ring_is_slots_times_the_largest_unit(llama8b, pc, optimizer) -> None:
     led = build_ledger(llama8b, pc, _config(optimizer=optimizer, host_weights="cast"))
-    rings = [t.pool for t in led.terms if t.pool.role == R.WEIGHT_STAGING]
-    if optimizer == "nvme":
-        assert not rings  # the uploads read the pinned copy the update writes
-        return
-    (ring,) = rings
+    (ring,) = [t.pool for t in led.terms if t.pool.role == R.WEIGHT_STAGING]
     largest = max(unit_params(llama8b, u) for u in range(llama8b.num_layers + 2))
     assert ring.tier == "pinned" and not ring.static
     assert ring.bytes == WEIGHT_RING_SLOTS * largest * 2
     assert set(ring.units) == set(range(llama8b.num_layers + 2))
+    staging = [t.pool for t in led.terms if t.pool.role == R.MASTER_STAGING]
+    if optimizer != "nvme":
+        assert not staging  # the casts read the master in RAM
+        return
+    (read,) = staging  # the master read off the one drive, a slot per ring slot
+    assert read.tier == "cpu" and read.slots == WEIGHT_RING_SLOTS
+    assert read.bytes == WEIGHT_RING_SLOTS * largest * 4
 
 
 def test_gpu_updated_units_keep_their_pinned_copy(llama8b, pc) -> None:
