@@ -190,7 +190,7 @@ def _nvme_offset(env: Env, v: Value, unit: int) -> int:
 def nvme_write(env: Env, lane: LaneState, op: Op) -> None:
     assert env.nvme is not None
     offset = _nvme_offset(env, op.writes[0], op.unit)
-    env.nvme.write(lane_index(op.lane), offset, env.buffers.of(op.reads[0], op.unit))
+    env.nvme.write(lane_index(op.lane), offset, _staged(env, op.reads[0], op.unit))
 
 
 def nvme_read(env: Env, lane: LaneState, op: Op) -> None:
@@ -198,10 +198,21 @@ def nvme_read(env: Env, lane: LaneState, op: Op) -> None:
     a cast) the master part that leads the unit's stripe."""
     assert env.nvme is not None
     offset = _nvme_offset(env, op.reads[0], op.unit)
-    dst = env.buffers.of(op.writes[0], op.unit)
-    if env.buffers.roles[op.writes[0].slot] == R.MASTER_STAGING:
-        dst = dst[: stripe_numel(env.shards[op.unit].numel, env.nvme.drives)]
-    env.nvme.read(lane_index(op.lane), offset, dst)
+    env.nvme.read(lane_index(op.lane), offset, _staged(env, op.writes[0], op.unit))
+
+
+def _staged(env: Env, v: Value, unit: int) -> torch.Tensor:
+    """The host side of an NVMe transfer of `unit`: its slot, cut to the unit's stripe where
+    the slot is sized for a larger unit (the embedding's and the head's shared staging, a
+    master slot sized for the largest unit), so no transfer runs past the unit's region."""
+    assert env.nvme is not None
+    t, role, numel = env.buffers.of(v, unit), env.buffers.roles[v.slot], env.shards[unit].numel
+    if role == R.MASTER_STAGING:
+        return t[: stripe_numel(numel, env.nvme.drives)]
+    if role == R.OPT_STAGING:
+        assert env.stripes is not None
+        return t[: env.stripes.stripe_bytes(numel)]
+    return t
 
 
 # -- net lane (data parallel) -------------------------------------------------------------------

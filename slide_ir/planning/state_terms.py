@@ -29,7 +29,7 @@ def optimizer_terms(
     on_nvme = 0 if pinned else {"cpu": 0, "nvme": FP32 + mb, "nvme-moments": mb}[config.optimizer]
     tier, prefix, note = (Tier.PINNED, "pinned_", " (pinned)") if pinned else (Tier.CPU, "", "")
     for group, members in unit_groups(model, units):
-        p, k = unit_params(model, members[0]), len(members)
+        p = unit_params(model, members[0])
         if config.optimizer != "nvme" or pinned:
             terms.add_group(f"{prefix}master_{group}", tier, members, p, FP32,
                             "fp32 master weights" + note, role=R.MASTER)  # fmt: skip
@@ -39,9 +39,25 @@ def optimizer_terms(
             continue
         terms.add_group(f"nvme_opt_{group}", Tier.NVME, members, p, on_nvme,
                         "optimizer state (NVMe)", role=R.NVME_STATE)  # fmt: skip
-        # Decoder layers rotate through 3 stripes per drive (one read ahead, one updating, one
-        # being written); the embedding and the head are one unit each: one stripe per drive.
-        depth = 3 if k > 1 else 1
+    if on_nvme:
+        opt_staging_terms(terms, model, units, drives, on_nvme)
+
+
+def opt_staging_terms(
+    terms: Terms, model: ModelSpec, units: list[int], drives: int, on_nvme: int
+) -> None:
+    """RAM the NVMe state stripes are read into for their update. Decoder layers rotate
+    through 3 stripes per drive (one read ahead, one updating, one being written). The
+    embedding and the head, one unit each, share one stripe per drive the size of the larger:
+    their updates come at the two ends of the step's (the head's read waits for the
+    embedding's write-back, or the other way round), as their gradients share a landing slot.
+    70B: 12.6 GB less RAM."""
+    groups = [(g, m, 3 if len(m) > 1 else 1) for g, m in unit_groups(model, units)]
+    vocab = [m[0] for g, m, _ in groups if g in ("embed", "head")]
+    if len(vocab) == 2:
+        groups = [(g, m, d) for g, m, d in groups if g == "layers"] + [("vocab", vocab, 1)]
+    for group, members, depth in groups:
+        p = max(unit_params(model, u) for u in members)
         terms.add(
             f"opt_staging_{group}",
             Tier.CPU,

@@ -6,7 +6,7 @@ the work each update's op is priced by.
 from __future__ import annotations
 
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
-from slide_ir.planning.emit_context import Ctx, unit_group
+from slide_ir.planning.emit_context import Ctx
 from slide_ir.planning.units import BF16, FP32, adam_bytes_per_param
 from slide_ir.planning.values import grads, unit_value, weights
 
@@ -62,6 +62,9 @@ class OptimizerIo:
             "nvme": FP32 + ctx.config.moment_bytes,
             "nvme-moments": ctx.config.moment_bytes,
         }[ctx.config.optimizer]
+        # unit -> the staging pool its stripes are read into
+        self.staging_pool = {u: pool.name for pool in ctx.b.pools if pool.role == R.OPT_STAGING
+                             for u in pool.units}  # fmt: skip
 
     def prefetch(self, order: list[int], q: int) -> list[str]:
         """Emit the reads of order[q] (if not yet) and order[q + 1]; returns order[q]'s reads."""
@@ -86,7 +89,7 @@ class OptimizerIo:
                 unit=unit,
                 work=Work(bytes=share),
                 deps=[ctx.last_update.get(unit)],
-                acquire=[f"opt_staging_{unit_group(ctx, unit)}"],
+                acquire=[self.staging_pool[unit]],
                 reads=[ctx.home(R.NVME_STATE, unit, f"state{k}")],
                 writes=[ctx.taken(unit_value(unit, f"state{k}"))],
             )

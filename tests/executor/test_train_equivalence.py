@@ -28,6 +28,7 @@ CASES = {
     "sliding-2-units-1-grad-buffer": (False, {"cache_units": 2, "grad_buffers": 1}),
     "nvme-activations-2-drives": (False, {"activations": "nvme", "drives": 2}),
     "nvme-optimizer-2-drives": (True, {"optimizer": "nvme", "drives": 2}),
+    "nvme-optimizer-untied": (False, {"optimizer": "nvme", "drives": 1}),
     # a max norm below the gradients' norms (~0.5-3 here), so every unit is really clipped
     "clip-per-unit-sliding": (False, {"clip": "per-unit", "clip_norm": 0.05}),
     "clip-per-unit-tied-resident-accum": (
