@@ -33,7 +33,8 @@ log = logging.getLogger("executor.buffers")
 R = PoolRole
 # roles of pools that are not buffers of the run: accounting only (context, runtime, DeepSpeed's
 # staging, the final state's host copy), torch's workspaces and kept tapes, NVMe regions (files)
-NOT_ALLOCATED = frozenset({R.ACCOUNTING, R.WORKSPACE, R.TAPE, R.NVME_HIDDEN, R.NVME_STATE})
+NOT_ALLOCATED = frozenset({R.ACCOUNTING, R.WORKSPACE, R.TAPE, R.NVME_HIDDEN, R.NVME_STATE,
+                           R.NVME_GRADS})  # fmt: skip
 # roles whose pools hold units side by side or one per slot: an op's value there is the unit's
 UNIT_KEYS = {R.HOST_WEIGHTS: "bf16", R.MASTER: "master", R.MOMENTS: "moments",
              R.GRAD_ACCUM: "accum", R.GRAD_LANDING: "landing", R.RESIDENT: "gpu",
@@ -230,8 +231,8 @@ class _Allocator:
         """A ring of host slots of the compute dtype, each the pool's largest unit: gradient
         landing, the weight-staging ring the casts fill."""
         numel = self.largest(pool)
-        for key in pool.slot_ids():
-            t = self.host(pool, numel, self.s.dtype)
+        for key in pool.slot_ids():  # aligned: a held gradient goes to NVMe and back through it
+            t = self.host(pool, numel, self.s.dtype, aligned=pool.role == R.GRAD_LANDING)
             self.put(pool, key, t, t.numel() * t.element_size())
 
     def per_unit(self, pool: Pool, prefix: str = "") -> None:
@@ -344,6 +345,7 @@ ALLOCATORS: dict[PoolRole, Callable[[_Allocator, Pool], None]] = {
     R.MASTER: _Allocator.per_unit,
     R.MOMENTS: _Allocator.per_unit,
     R.NVME_STATE: _Allocator.skip,
+    R.NVME_GRADS: _Allocator.skip,
     R.OPT_STAGING: _Allocator.opt_staging,
     R.MASTER_STAGING: _Allocator.master_staging,
     R.GRAD_NORMS: _Allocator.fp32_slots,

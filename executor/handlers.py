@@ -16,8 +16,8 @@ Copies are `non_blocking` on the lane's stream (CUDA) and plain synchronous copi
     REDO       by role: landed grads or the accumulator, the scale, the rollback copy; writes
                the state (and the pinned weights) back when the step clips or is skipped
     GRAD_NORM, NORM   global clipping (`clipping`)
-    NVME_READ / NVME_WRITE   reads (src)  writes (dst): activations, a state stripe, or a
-               stripe's master part for a cast
+    NVME_READ / NVME_WRITE   reads (src)  writes (dst): activations, a state stripe, a held
+               gradient (global clipping), or a stripe's master part for a cast
 """
 
 from __future__ import annotations
@@ -179,11 +179,14 @@ def redo(env: Env, lane: LaneState, op: Op) -> None:
 
 # -- NVMe lanes ----------------------------------------------------------------------------------
 def _nvme_offset(env: Env, v: Value, unit: int) -> int:
-    """Byte offset in its drive's file of NVMe value `v`: an activation slot's, or the unit's
-    optimizer-state stripe."""
+    """Byte offset in its drive's file of NVMe value `v`: an activation slot's, the unit's
+    held gradient, or its optimizer-state stripe."""
     assert env.nvme is not None
-    if env.buffers.roles[v.slot] == R.NVME_HIDDEN:
+    role = env.buffers.roles[v.slot]
+    if role == R.NVME_HIDDEN:
         return env.nvme.act_offset(env.buffers.index[v.slot], env.act_bytes)
+    if role == R.NVME_GRADS:
+        return env.nvme.grad_offset[unit]
     return env.nvme.offset[unit]
 
 
@@ -212,6 +215,8 @@ def _staged(env: Env, v: Value, unit: int) -> torch.Tensor:
     if role == R.OPT_STAGING:
         assert env.stripes is not None
         return t[: env.stripes.stripe_bytes(numel)]
+    if role == R.GRAD_LANDING:  # a held gradient, to or from its drive
+        return t[:numel]
     return t
 
 

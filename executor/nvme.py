@@ -7,7 +7,7 @@ transfers resumed, a buffered fallback that drops its pages where O_DIRECT is re
 kvikio's CuFile (`nvme_kvikio`, on CUDA where it imports). Both release the GIL.
 Layout of drive k's file (each region ALIGN-aligned, padded):
 
-    [ optimizer stripe k of every NVMe-homed unit | saved-activation slots ]
+    [ optimizer stripe k of every NVMe-homed unit | held gradients of its units | saved-activation slots ]
 
 A unit's optimizer state is striped by element range: stripe k holds elements
 [k E, (k+1) E) (E = ceil(numel / drives)) as [FP32 master (if on NVMe) | m | v], so the update
@@ -82,7 +82,8 @@ class NvmeStore:
     """The drive files. Offsets are fixed at construction; reads and writes are whole regions.
 
     Layout of every drive's file, each region starting ALIGN-aligned (padded in the file):
-    unit u's optimizer stripe at `offset[u]`, then activation slot j at `act_offset(j)`.
+    unit u's optimizer stripe at `offset[u]`, then the held gradient of each unit whose drive it
+    is at `grad_offset[u]`, then activation slot j at `act_offset(j)`.
     Construction checks free space, creates the files (refusing to reuse existing ones) and
     reserves what they will hold; `close` removes them, and so does a failed construction.
     """
@@ -95,6 +96,7 @@ class NvmeStore:
         *,
         act_slots: Mapping[int, Iterable[int]] | None = None,
         act_bytes: int = 0,
+        grad_sizes: Mapping[int, tuple[int, int]] | None = None,
         backend: str = "direct",
         tag: str = "",
     ) -> None:
@@ -103,7 +105,19 @@ class NvmeStore:
         end = 0
         for unit, nbytes in sorted(sizes.items()):
             self.offset[unit], end = end, end + align_up(nbytes)
-        self.act_base, self.act_bytes, self.act_stride = end, act_bytes, align_up(act_bytes)
+        # unit -> offset of its held gradient on its own drive (`grad_sizes`: unit -> drive, bytes)
+        self.grad_offset: dict[int, int] = {}
+        grad_ends = [end] * drives
+        for unit, (drive, nbytes) in sorted((grad_sizes or {}).items()):
+            self.grad_offset[unit] = grad_ends[drive]
+            grad_ends[drive] += align_up(nbytes)
+        self.state_end = end
+        self.grad_ends = grad_ends
+        self.act_base, self.act_bytes, self.act_stride = (
+            max(grad_ends, default=end),
+            act_bytes,
+            align_up(act_bytes),
+        )
         self.extents = [self._extents(k, (act_slots or {}).get(k, ())) for k in range(drives)]
         self.files: list[DriveFile] = []
         self.created: list[Path] = []
@@ -120,8 +134,11 @@ class NvmeStore:
         return len(self.paths)
 
     def _extents(self, drive: int, slots: Iterable[int]) -> list[tuple[int, int]]:
-        """(offset, bytes) of what drive `drive`'s file holds: all stripes, its act slots."""
-        out = [(0, self.act_base)] if self.act_base else []
+        """(offset, bytes) of what drive `drive`'s file holds: all stripes, its held gradients,
+        its act slots."""
+        out = [(0, self.state_end)] if self.state_end else []
+        if self.grad_ends[drive] > self.state_end:
+            out.append((self.state_end, self.grad_ends[drive] - self.state_end))
         return out + [(self.act_offset(j, self.act_bytes), self.act_stride) for j in set(slots)]
 
     def _open(self) -> None:

@@ -27,7 +27,7 @@ from executor.nvme import NvmeStore, StripeFormat, backend_for
 from executor.phases import Phases
 from executor.ranks import Ranks
 from executor.staging import TokenStaging
-from slide_ir.ir.drives import NvmeDirs, act_slots_by_drive
+from slide_ir.ir.drives import NvmeDirs, act_slots_by_drive, grad_drive
 from slide_ir.ir.graph import Graph, GraphInfo, PoolRole, Tier, UnitPlacement
 from slide_ir.ir.trace import MemorySample
 from slide_ir.program import Program
@@ -137,7 +137,8 @@ def _nvme(
     p: Program, s: Setup, directories: NvmeDirs, act_bytes: int, cuda: bool, ranks: Ranks | None
 ) -> tuple[NvmeStore | None, StripeFormat | None]:
     optimizer = p.graph.info.optimizer
-    on_disk = {pool.role for pool in p.graph.pools} & {PoolRole.NVME_STATE, PoolRole.NVME_HIDDEN}
+    on_disk = {pool.role for pool in p.graph.pools} & {
+        PoolRole.NVME_STATE, PoolRole.NVME_HIDDEN, PoolRole.NVME_GRADS}  # fmt: skip
     if not on_disk:
         return None, None
     drives = p.drives
@@ -155,10 +156,18 @@ def _nvme(
         sizes,
         act_slots=act_slots_by_drive(p.graph, drives),
         act_bytes=act_bytes,
+        grad_sizes=_held_grads(p, s, drives),
         backend=backend_for(cuda),
         tag=f".rank{ranks.rank}" if ranks is not None else "",
     )
     return store, fmt
+
+
+def _held_grads(p: Program, s: Setup, drives: int) -> dict[int, tuple[int, int]]:
+    """unit -> (its drive, bytes) for each gradient global clipping holds on NVMe."""
+    held = [u for pool in p.graph.pools if pool.role == PoolRole.NVME_GRADS for u in pool.units]
+    size = s.dtype.itemsize
+    return {u: (grad_drive(u, drives), s.shards[u].numel * size) for u in sorted(held)}
 
 
 def shards(layouts: dict[int, UnitLayout], ranks: Ranks | None) -> dict[int, Shard]:

@@ -128,7 +128,9 @@ def _drive_lines(p: Plan, nvme_dirs: tuple[str, ...]) -> list[str]:
     where = nvme_dirs or Path(tempfile.gettempdir()) / "<a new directory>"
     lines = [
         f"      {path!s:48s} {held.bytes / GIB:8.2f} GiB (optimizer state "
-        f"{held.state_bytes / GIB:.2f}, layer inputs {held.act_bytes / GIB:.2f}) on {drive.name}"
+        f"{held.state_bytes / GIB:.2f}, "
+        + (f"held gradients {held.grad_bytes / GIB:.2f}, " if held.grad_bytes else "")
+        + f"layer inputs {held.act_bytes / GIB:.2f}) on {drive.name}"
         for path, held, drive in zip(
             drive_paths(where, len(drives)),
             drive_contents(p.graph, len(drives)),

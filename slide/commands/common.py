@@ -11,6 +11,7 @@ from slide.errors import UserError
 from slide_ir.specs.config import (
     ACTIVATION_CHOICES,
     CLIP_MODES,
+    HELD_GRAD_PLACES,
     HOST_WEIGHT_MODES,
     MOMENT_DTYPES,
     OPTIMIZER_PLACES,
@@ -145,6 +146,15 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
                         "overlap the backward); none [global]")  # fmt: skip
     parser.add_argument("--clip-norm", type=float, default=1.0, help="max norm for --clip [1.0]")
     parser.add_argument(
+        "--held-grads",
+        choices=HELD_GRAD_PLACES,
+        default="auto",
+        help="--clip global with --optimizer nvme or nvme-moments: where the host-updated "
+        "gradients wait for the norm: ram (a pinned slot each, 2 B/param of RAM) or nvme "
+        "(written to the drives as they land and read back for their update: 4 B/param more "
+        "drive traffic a step); auto: the faster plan that fits, ram on a tie [auto]",
+    )
+    parser.add_argument(
         "--speculate",
         default="auto",
         help="--clip global: host-updated units (the first to land) whose update runs as its "
@@ -229,6 +239,7 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "optimizer": args.optimizer,
         "moments_dtype": args.moments,
         "host_weights": args.host_weights,
+        "held_grads": args.held_grads,
         "cache_units": parse_cache_units(args.cache_units),
         "resident": parse_count_or_auto("resident", args.resident),
         "streamed": parse_count_or_auto("streamed", args.streamed),
@@ -244,4 +255,5 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
     fields.update(override)
     config = TrainConfig(**fields)  # type: ignore[arg-type]
     preflight.schedule_options(config)
+    config.check_held_grads()
     return config

@@ -3,8 +3,9 @@ executor creates them, both from these functions, so a plan says where its bytes
 
 Drive k's file is `nvme{k}.bin` in directory k mod (number of directories): one directory per
 physical drive (`--nvme-dir` repeated) spreads the files; one directory takes them all. Each file
-holds the k-th stripe of every NVMe-homed unit's optimizer state, then the saved-activation
-slots written on that drive's lane.
+holds the k-th stripe of every NVMe-homed unit's optimizer state, then the held gradients of the
+units whose `grad_drive` it is (global clipping with `held_grads="nvme"`), then the
+saved-activation slots written on that drive's lane.
 """
 
 from __future__ import annotations
@@ -49,6 +50,17 @@ def act_pool(drive: int) -> str:
     return f"nvme{drive}_acts"
 
 
+def grad_drive(unit: int, drives: int) -> int:
+    """The drive a unit's held gradient (global clipping, `held_grads="nvme"`) waits on:
+    round-robin by unit, whole tensors."""
+    return unit % drives
+
+
+def grad_pool(drive: int) -> str:
+    """The prefix of a drive's held-gradient pools (`nvme0_grads_layers`)."""
+    return f"nvme{drive}_grads"
+
+
 def saved_per_drive(saved_layers: int, drives: int) -> list[int]:
     """How many of layers 1..saved_layers (those not keeping their tape) each drive holds."""
     counts = [0] * drives
@@ -63,17 +75,23 @@ class DriveContents:
 
     state_bytes: int  # its stripe of every NVMe-homed unit's optimizer state
     act_bytes: int  # the saved layer inputs written on its lane
+    grad_bytes: int = 0  # the held gradients of its units
 
     @property
     def bytes(self) -> int:
-        return self.state_bytes + self.act_bytes
+        return self.state_bytes + self.grad_bytes + self.act_bytes
 
 
 def drive_contents(graph: Graph, drives: int) -> list[DriveContents]:
-    """Each drive's share: the state striped evenly, its own pool of activation slots."""
+    """Each drive's share: the state striped evenly, its own held gradients and pool of
+    activation slots."""
     pools = {p.name: p for p in graph.pools}
     state = sum(p.bytes for p in graph.pools if p.role == PoolRole.NVME_STATE)
+    grads = [sum(p.bytes for p in graph.pools if p.role == PoolRole.NVME_GRADS
+                 and p.name.startswith(f"{grad_pool(k)}_")) for k in range(drives)]  # fmt: skip
     return [
-        DriveContents(-(-state // drives), pools[act_pool(k)].bytes if act_pool(k) in pools else 0)
+        DriveContents(
+            -(-state // drives), pools[act_pool(k)].bytes if act_pool(k) in pools else 0, grads[k]
+        )
         for k in range(drives)
     ]

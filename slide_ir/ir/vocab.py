@@ -98,6 +98,7 @@ class PoolRole(StrEnum):
     MASTER = "master"  # FP32 master weights in RAM (pinned for streamed units)
     MOMENTS = "moments"  # Adam moments in RAM (pinned for streamed units)
     NVME_STATE = "nvme_state"  # optimizer state on NVMe, striped over the drives
+    NVME_GRADS = "nvme_grads"  # global clipping's held gradients on NVMe, each on one drive
     OPT_STAGING = "opt_staging"  # RAM staging of the NVMe optimizer-state stripes
     GRAD_NORMS = "grad_norms"  # a unit's per-parameter gradient norms (FP32, pinned)
     GRAD_SCALE = "grad_scale"  # the step's clip scale and global norm (FP32, pinned)

@@ -37,6 +37,10 @@ def suggest_fixes(
     if "cpu" in over:
         trial = machine if machine.nvme else with_drives(machine, 1)
         extra = "" if machine.nvme else " --nvme 1"
+        if (config.holds_landed_grads and config.can_spill_grads
+                and _fits(model, machine, replace(config, held_grads="nvme"), "cpu")):  # fmt: skip
+            out.append("hold global clipping's gradients on the optimizer's drives until the "
+                       "norm (--held-grads nvme)")  # fmt: skip
         if config.deferred_updates and _fits(model, machine, replace(config, clip="per-unit"),
                                              "cpu"):  # fmt: skip
             out.append("clip each unit's gradient by its own norm (--clip per-unit): global "

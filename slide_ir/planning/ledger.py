@@ -38,6 +38,7 @@ from slide_ir.planning.state_terms import (
 from slide_ir.planning.terms import Term, Terms, unit_groups
 from slide_ir.planning.transfer_terms import (
     cast_units,
+    held_grad_terms,
     host_weight_terms,
     layer_landing_terms,
     master_staging_terms,
@@ -178,6 +179,7 @@ def _sliding_terms(
     host_weight_terms(terms, model, [u for u in sliding if u not in cast])
     weight_ring_terms(terms, model, cast)
     master_staging_terms(terms, model, config, cast, drives)
+    held_grad_terms(terms, model, config, host_updated, drives)
     grad_accum_terms(terms, model, config, sliding)
     global_clip_terms(terms, model, config)
     optimizer_terms(terms, model, config, host_updated, drives)

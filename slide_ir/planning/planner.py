@@ -64,9 +64,26 @@ def plan(model: ModelSpec, machine: Machine, config: TrainConfig, *, nproc: int 
     `nproc` > 1: one rank's plan of data-parallel sliding (`data_parallel.shard_plan` shards
     it), its placement sized and timed as the ranks will run it; its own ledger is a single
     GPU's and may not fit one (the sharded one must)."""
+    if config.held_grads == "auto" and config.can_spill_grads:
+        return _held_grads(model, machine, config, nproc)
+    return _weights_placed(model, machine, config, nproc)
+
+
+def _weights_placed(model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int) -> Plan:
     if config.host_weights == "auto" and config.schedule == "sliding":
         return _host_weights(model, machine, config, nproc)
     return _placed(model, machine, config, nproc)
+
+
+def _held_grads(model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int) -> Plan:
+    """`held_grads="auto"`: the faster of the plans holding global clipping's gradients in RAM
+    and on the drives that fits, RAM on a tie (when neither fits: the drives', the smaller
+    footprint). On the drives they cost drive time, which the prediction sees where the
+    drives bound the step."""
+    plans = [_weights_placed(model, machine, replace(config, held_grads=h), nproc)
+             for h in ("ram", "nvme")]  # fmt: skip
+    fitting = [p for p in plans if p.feasible] or plans[1:]
+    return min(fitting, key=lambda p: _steady_step_s(p, nproc))
 
 
 def _host_weights(model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int) -> Plan:

@@ -216,6 +216,9 @@ class _Micro(WeightUploads):
             self.deferred.defer(unit, lambda deps, scale: redo(
                 ctx, step, unit, [*deps, guess], grads=kept, scale=scale, release=release))  # fmt: skip
             return
+        if ctx.config.spills_grads:  # held on the drive until the norm, read back to update
+            self.io.spill(unit, kept, landed_at, landing)
+            kept, release = None, ()
         self.deferred.defer(unit, lambda deps, scale: self.io.update(
             self.io_order, unit, deps=[*deps, landed_at], grads=kept, release=release,
             scale=scale))  # fmt: skip

@@ -6,6 +6,7 @@ instead (`slide_ir.planning.weight_ring`).
 
 from __future__ import annotations
 
+from slide_ir.ir.drives import grad_drive, grad_pool
 from slide_ir.ir.graph import Pool, Tier
 from slide_ir.ir.graph import PoolRole as R
 from slide_ir.planning.terms import Terms, unit_groups
@@ -25,7 +26,7 @@ def vocab_landing_terms(
     graph. Under deferred updates (global clipping) every gradient waits for the norm in a
     buffer of its own, and each keeps its own slot. 8B: 2 x 5.25e8 x 2 B = 2.10 GB -> 1.05 GB."""
     groups = list(unit_groups(model, units))
-    if len(groups) > 1 and not config.deferred_updates:
+    if len(groups) > 1 and not config.holds_landed_grads:
         groups = [("vocab", units)]
     for group, members in groups:
         q = max(unit_params(model, u) for u in members)
@@ -53,6 +54,21 @@ def layer_landing_terms(
                   f"{g} x {p:.4g} params x 2 B", role=R.GRAD_LANDING, units=layers)  # fmt: skip
 
 
+def held_grad_terms(
+    terms: Terms, model: ModelSpec, config: TrainConfig, host_updated: list[int], drives: int
+) -> None:
+    """Global clipping's held gradients on NVMe (`TrainConfig.spills_grads`): each unit's
+    whole, in the compute dtype, on drive `grad_drive(unit)`."""
+    if not config.spills_grads:
+        return
+    for k in range(drives):
+        on_drive = [u for u in host_updated if grad_drive(u, drives) == k]
+        for group, members in unit_groups(model, on_drive):
+            terms.add_group(f"{grad_pool(k)}_{group}", Tier.NVME, members,
+                            unit_params(model, members[0]), BF16, "held gradients (NVMe)",
+                            role=R.NVME_GRADS)  # fmt: skip
+
+
 def landing_pool(pools: tuple[Pool, ...] | list[Pool], unit: int) -> str:
     """The name of the sliding gradient-landing pool whose slots hold `unit`'s gradient."""
     for pool in pools:
@@ -69,8 +85,9 @@ def landing_buffers(config: TrainConfig, host_layers: int, *, gpu_updated: bool)
     2 B/param more of pinned RAM for those layers. (8B on the H200 at batch 16 with 23 resident
     units: 2.10 s per step with 3 buffers, 1.62 s with one for each of its 10 sliding layers,
     by prediction.) With deferred updates (global clipping) every gradient waits for the norm
-    in a buffer of its own, whatever `grad_buffers` asks."""
-    if config.deferred_updates:
+    in a buffer of its own, whatever `grad_buffers` asks (unless it waits on NVMe:
+    `held_grad_terms`)."""
+    if config.holds_landed_grads:
         return host_layers
     if config.grad_buffers is not None:
         return config.grad_buffers

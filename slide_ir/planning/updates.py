@@ -5,8 +5,11 @@ the work each update's op is priced by.
 
 from __future__ import annotations
 
+from slide_ir.ir.drives import grad_drive
 from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
+from slide_ir.planning import values
 from slide_ir.planning.emit_context import Ctx
+from slide_ir.planning.transfer_terms import landing_pool
 from slide_ir.planning.units import BF16, FP32, adam_bytes_per_param
 from slide_ir.planning.values import grads, unit_value, weights
 
@@ -51,12 +54,16 @@ def grad_accum_work(ctx: Ctx, unit: int) -> Work:
 
 class OptimizerIo:
     """Optimizer state on NVMe: read a unit's state ahead of its update (striped over every
-    drive), write it back after. `prefetch(order, q)` reads units order[q] and order[q + 1]."""
+    drive), write it back after. `prefetch(order, q)` reads units order[q] and order[q + 1].
+    Global clipping's gradients held on NVMe (`spill`) are read back with the state, into a
+    landing slot the update frees."""
 
     def __init__(self, ctx: Ctx, step: int) -> None:
         self.ctx, self.step = ctx, step
         self.reads: dict[int, list[str]] = {}
         self.staging: dict[int, tuple[str, ...]] = {}
+        self.spilled: dict[int, str] = {}  # unit -> the write of its held gradient
+        self.loaded: dict[int, str] = {}  # unit -> the landing slot its gradient is read into
         self.on_nvme = {
             "cpu": 0,
             "nvme": FP32 + ctx.config.moment_bytes,
@@ -95,7 +102,33 @@ class OptimizerIo:
             )
             ids.append(op_id)
             slots.append(slot)
+        if unit in self.spilled:
+            ids.append(self._load(unit))
         self.reads[unit], self.staging[unit] = ids, tuple(slots)
+
+    def spill(self, unit: int, landed: Value | None, landed_at: str, landing: str) -> None:
+        """Write `unit`'s landed gradient to its drive, freeing the landing slot: global
+        clipping holds it there, not in RAM, until the norm (`TrainConfig.spills_grads`)."""
+        ctx = self.ctx
+        op_id = ctx.sid(self.step, unit, "g.spill")
+        ctx.b.emit(op_id, K.NVME_WRITE, f"nvme{grad_drive(unit, ctx.drives)}", step=self.step,
+                   unit=unit, work=Work(bytes=ctx.params(unit) * BF16), deps=[landed_at],
+                   release=[landing], reads=[landed],
+                   writes=[ctx.home(R.NVME_GRADS, unit, "g")])  # fmt: skip
+        self.spilled[unit] = op_id
+
+    def _load(self, unit: int) -> str:
+        """Read a held gradient back into a landing slot for its update; returns the read."""
+        ctx = self.ctx
+        op_id = ctx.sid(self.step, unit, "g.load")
+        (slot,) = ctx.b.emit(op_id, K.NVME_READ, f"nvme{grad_drive(unit, ctx.drives)}",
+                             step=self.step, unit=unit, work=Work(bytes=ctx.params(unit) * BF16),
+                             deps=[self.spilled.pop(unit)],
+                             acquire=[landing_pool(ctx.b.pools, unit)],
+                             reads=[ctx.home(R.NVME_GRADS, unit, "g")],
+                             writes=[ctx.taken(grads(unit))])  # fmt: skip
+        self.loaded[unit] = slot
+        return op_id
 
     def update(
         self,
@@ -116,6 +149,9 @@ class OptimizerIo:
         was into `rollback` on the way, for the step's `REDO`."""
         ctx = self.ctx
         reads = self.prefetch(order, order.index(unit))
+        if unit in self.loaded:  # a held gradient read back from NVMe
+            slot = self.loaded.pop(unit)
+            grads, release = ctx.at(values.grads(unit), slot), (*release, slot)
         op_id = ctx.sid(self.step, unit, "adam")
         acc = ctx.home(R.GRAD_ACCUM, unit, "gacc") if ctx.config.grad_accum > 1 else None
         state = self._state(unit)

@@ -53,6 +53,19 @@ class HostWeights(StrEnum):
     AUTO = "auto"
 
 
+class HeldGrads(StrEnum):
+    """Where global clipping keeps the host-updated units' gradients until the step's norm is
+    known (`slide_ir.planning.held_grads`)."""
+
+    RAM = "ram"  # a pinned landing slot per host-updated unit: 2 B/param of RAM
+    # written to the drive the optimizer state is on as they land, read back for their update
+    # (2 B/param there, 4 B/param more drive traffic a step; the landing is a ring of 3)
+    NVME = "nvme"
+    # the planner times both and keeps the faster plan that fits, RAM on a tie; a ledger of an
+    # unresolved "auto" is the drive's, the smallest footprint
+    AUTO = "auto"
+
+
 class PlacementMode(StrEnum):
     """How "auto" choices are made."""
 
@@ -84,11 +97,12 @@ MOMENT_DTYPES = tuple(map(str, MomentsDtype))
 PLACEMENTS = tuple(map(str, PlacementMode))
 CLIP_MODES = tuple(map(str, Clip))
 HOST_WEIGHT_MODES = tuple(map(str, HostWeights))
+HELD_GRAD_PLACES = tuple(map(str, HeldGrads))
 DEFAULT_CACHE_UNITS = 3
 # the string choices of TrainConfig, turned into their StrEnum on construction
 _ENUMS = {"schedule": Schedule, "activations": Activations, "optimizer": OptimizerHome,
           "moments_dtype": MomentsDtype, "placement": PlacementMode, "clip": Clip,
-          "host_weights": HostWeights}  # fmt: skip
+          "host_weights": HostWeights, "held_grads": HeldGrads}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,6 +145,7 @@ class TrainConfig:
     host_margin: float = 0.05
     clip: str = Clip.NONE
     host_weights: str = HostWeights.AUTO
+    held_grads: str = HeldGrads.AUTO
     clip_norm: float = 1.0
     # global clipping: the host-updated units (first to land first) whose AdamW runs as their
     # gradient lands, its state saved for a rollback, instead of waiting for the norm
@@ -196,6 +211,34 @@ class TrainConfig:
     def deferred_updates(self) -> bool:
         """The step's updates wait for its global gradient norm."""
         return self.clip == Clip.GLOBAL
+
+    def check_held_grads(self) -> None:
+        """A request's `held_grads="nvme"` is one its clipping and optimizer allow (configs
+        derived from it, the baselines', fall back to RAM instead)."""
+        if self.held_grads == HeldGrads.NVME and not self.can_spill_grads:
+            raise ValueError(
+                "held_grads='nvme' keeps global clipping's gradients on the optimizer's drives: "
+                f"it needs clip 'global', schedule 'sliding', grad_accum 1 and optimizer 'nvme' "
+                f"or 'nvme-moments' (got clip '{self.clip}', schedule '{self.schedule}', "
+                f"grad_accum {self.grad_accum}, optimizer '{self.optimizer}'); use 'ram' or 'auto'"
+            )
+
+    @property
+    def can_spill_grads(self) -> bool:
+        """Global clipping's held gradients could wait on the drives the optimizer state is on
+        (one micro-batch: an accumulated gradient is summed in RAM)."""
+        return (self.deferred_updates and self.grad_accum == 1
+                and self.schedule == Schedule.SLIDING and self.optimizer != OptimizerHome.CPU)  # fmt: skip
+
+    @property
+    def holds_landed_grads(self) -> bool:
+        """Every host-updated gradient waits in its own landing slot for the norm."""
+        return self.deferred_updates and not self.spills_grads
+
+    @property
+    def spills_grads(self) -> bool:
+        """The held gradients wait on NVMe ("auto" unresolved: the smaller footprint)."""
+        return self.can_spill_grads and self.held_grads != HeldGrads.RAM
 
     @property
     def speculated(self) -> int:

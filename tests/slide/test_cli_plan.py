@@ -216,15 +216,21 @@ def test_72b_on_the_4090_pc_gets_a_gpu_suggestion_that_fits(capsys):
 
 
 def test_a_ram_overflow_of_global_clipping_is_told_per_unit_clipping_fits(capsys):
-    """70B with its optimizer on NVMe on the 4090 PC: under the default global clipping every
-    gradient waits in RAM for the norm, and the advice names the clipping that fits."""
-    argv = ("plan", "--model", "llama-3.1-70b", "--machine", "paper-pc-4090", "--optimizer",
-            "nvme", "--cache-units", "2")  # fmt: skip
-    code, out, _ = run(capsys, *argv)
+    """70B with its optimizer on NVMe on the 4090 PC with 200 GiB: under global clipping with
+    every gradient waiting in RAM for the norm, the advice names the clipping, and the place
+    for the held gradients, that fit."""
+    argv = ("plan", "--model", "llama-3.1-70b", "--machine", "paper-pc-4090", "--ram-gb", "200",
+            "--optimizer", "nvme", "--cache-units", "2")  # fmt: skip
+    code, out, _ = run(capsys, *argv, "--held-grads", "ram")
     assert code == 1
-    assert any("(--clip per-unit)" in line for line in out.splitlines())
-    code, out, _ = run(capsys, *argv, "--clip", "per-unit", "--json")
-    assert "cpu" not in json.loads(out)["overflows"]
+    lines = out.splitlines()
+    assert any("(--clip per-unit)" in line for line in lines)
+    assert any("(--held-grads nvme)" in line for line in lines)
+    for fix in (("--clip", "per-unit"), ("--held-grads", "nvme")):
+        code, out, _ = run(capsys, *argv, *fix, "--json")
+        assert "cpu" not in json.loads(out)["overflows"], fix
+    code, out, _ = run(capsys, *argv)  # auto: the drives, where RAM does not hold them
+    assert code == 0 and "held gradients (NVMe)" in out
 
 
 def test_plan_compares_with_the_baseline_schedules(capsys):
