@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -20,7 +21,7 @@ from executor.adam import AdamWConfig, StepHp, update_device
 from executor.buffers import OptState
 from slide.calibration.probe_common import MB, Figure, WholeBuffer, cuda_median
 from slide_ir.ir.graph import Attention
-from slide_ir.planning.gpu_rates import REF_LCE, REF_TOKENS
+from slide_ir.planning.gpu_rates import REF_ATTENTION, REF_LCE, REF_TOKENS
 from slide_ir.planning.shapes import linear_shapes
 from slide_ir.specs.model import ModelSpec
 
@@ -45,18 +46,30 @@ def matmul_rate(model: ModelSpec, tokens: int = REF_TOKENS) -> Figure:
 
 
 def attention_seconds(a: Attention, repeats: int = 10, warmup: int = 2) -> float:
-    """Causal SDPA forward + backward at `a`, BF16."""
+    """Causal SDPA forward + backward at `a`, BF16; `a.masked`: with the boolean mask of
+    packed documents instead (two per sequence, each causal), as the executor passes it."""
     shape = (a.batch, a.heads, a.seq, a.head_dim)
     q, k, v = (
         torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)
     )
     grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    mask = _documents_mask(a) if a.masked else None
 
     def step() -> None:
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+        torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None
+        ).backward(grad)
 
     return cuda_median(step, repeats=repeats, warmup=warmup)
+
+
+def _documents_mask(a: Attention) -> torch.Tensor:
+    """(batch, 1, seq, seq) bool, True = attend: two documents per sequence, causal in each."""
+    i = torch.arange(a.seq, device="cuda")
+    start = torch.where(i >= a.seq // 2, a.seq // 2, 0)  # each query's document start
+    mask = (i[None, :] <= i[:, None]) & (i[None, :] >= start[:, None])
+    return mask.expand(a.batch, 1, a.seq, a.seq)
 
 
 def attention_flops(a: Attention) -> float:
@@ -69,6 +82,14 @@ def attention_rate(model: ModelSpec, batch: int = 4, seq: int = 2048) -> Figure:
     a = Attention(batch=batch, heads=model.num_heads, seq=seq, head_dim=model.head_dim)
     shape = (batch, model.num_heads, seq, model.head_dim)
     return Figure(attention_flops(a) / attention_seconds(a), f"SDPA causal fwd+bwd, {shape}, bf16")
+
+
+def masked_attention_rate() -> Figure:
+    """SDPA forward + backward with packed documents' mask at `gpu_rates.REF_ATTENTION`'s
+    shape (what `Gpu.masked_attention_tflops` is measured at), FLOPs counted causal."""
+    a = replace(REF_ATTENTION, masked=True)
+    return Figure(attention_flops(a) / attention_seconds(a),
+                  f"SDPA with a packed-documents mask fwd+bwd, {a}, bf16, FLOPs counted causal")  # fmt: skip
 
 
 def hbm_rate(size_mb: int = 2048) -> Figure:

@@ -274,7 +274,8 @@ def _request(args: argparse.Namespace, notices: list[str], flags: dict[str, Any]
         machine=args.machine,
         ram_gb=args.ram_gb,
         nvme=drive_count(args),
-        config=train_config(args),
+        # packed documents' attention is masked: the planner prices SDPA's masked kernel
+        config=train_config(args, document_mask=args.packing == "documents"),
         plan_file=args.plan,
         data=args.data,
         tokenizer=args.tokenizer,

@@ -52,14 +52,17 @@ class Gemm:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Attention:
     """Fused causal attention over `batch` x `heads` sequences of `seq` tokens, `head_dim` wide
-    (`window` > 0: a sliding window of that many keys): the shape its rate depends on (causal
-    block quantisation, occupancy, head width). Printed `BxHxSxD` or `BxHxSxDwW`."""
+    (`window` > 0: a sliding window of that many keys; `masked`: an explicit boolean mask, packed
+    documents, which keeps SDPA off its causal kernel): the shape its rate depends on (causal
+    block quantisation, occupancy, head width). Printed `BxHxSxD`, `BxHxSxDwW`, a trailing `m`
+    when masked."""
 
     batch: int
     heads: int
     seq: int
     head_dim: int
     window: int = 0
+    masked: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seq", "head_dim", "window"):
@@ -70,16 +73,18 @@ class Attention:
 
     def __str__(self) -> str:
         shape = f"{self.batch}x{self.heads}x{self.seq}x{self.head_dim}"
-        return shape + (f"w{self.window}" if self.window else "")
+        return shape + (f"w{self.window}" if self.window else "") + ("m" if self.masked else "")
 
     @classmethod
     def parse(cls, text: str) -> Attention:
-        shape, _, window = text.partition("w")
+        masked = text.endswith("m")
+        shape, _, window = text.removesuffix("m").partition("w")
         try:
             b, h, s, d = (int(x) for x in shape.split("x"))
-            return cls(batch=b, heads=h, seq=s, head_dim=d, window=int(window or 0))
+            return cls(batch=b, heads=h, seq=s, head_dim=d, window=int(window or 0),
+                       masked=masked)  # fmt: skip
         except ValueError as error:
-            raise ValueError(f"bad attention shape {text!r}: expected BxHxSxD[wW]") from error
+            raise ValueError(f"bad attention shape {text!r}: expected BxHxSxD[wW][m]") from error
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slide_ir.ir.graph import Attention, Gemm
 from slide_ir.planning.shapes import backward_gemms, forward_gemms
@@ -115,6 +115,8 @@ def attention_efficiency(a: Attention, sms: int | None) -> float:
     computed = sum(min(i, span) for i in range(1, blocks + 1)) * _BLOCK * _BLOCK
     s, w = a.seq, a.window
     pairs = s * s / 2 if not w or w >= s else s * w - w * w / 2
+    if a.masked:  # an explicit mask: every block computed, the causal pairs still the work
+        computed = blocks * blocks * _BLOCK * _BLOCK
     ctas = a.batch * a.heads * blocks
     occupancy = 1.0 if sms is None else min(1.0, ctas / sms)
     return min(1.0, pairs / computed) * occupancy * a.head_dim / (a.head_dim + 64)
@@ -150,7 +152,7 @@ class ShapeRates:
     """Seconds of a GEMM and FLOP/s of an attention shape, for one GPU profile."""
 
     __slots__ = ("_attention_ref", "_gemm_memo", "_gemm_ref", "attention_fix", "gemm_fix",
-                 "hbm", "sms")  # fmt: skip
+                 "hbm", "masked_fix", "sms")  # fmt: skip
 
     def __init__(self, gpu: object, *, matmul: float, attention: float, hbm: float) -> None:
         self.sms: int | None = getattr(gpu, "sm_count", None)
@@ -171,6 +173,20 @@ class ShapeRates:
             (dims, rate * 1e12 / self._attention_curve(_attention_at(dims)))
             for dims, rate in parse_grid(getattr(gpu, "attention_grid", None))
         )
+        # masked attention (packed documents): measured at REF_ATTENTION's shape where the
+        # profile has it, against the causal rate there; else the causal kernel's curve
+        masked = getattr(gpu, "masked_attention_tflops", None)
+        ref_masked = replace(REF_ATTENTION, masked=True)
+        self.masked_fix = (
+            1.0
+            if masked is None
+            else masked
+            * 1e12
+            / (
+                self._attention_curve(ref_masked)
+                * self.attention_fix.at(attention_dims(REF_ATTENTION))
+            )
+        )
 
     def _curve(self, g: Gemm) -> float:
         return self._gemm_ref * gemm_efficiency(g, self.sms)
@@ -189,7 +205,8 @@ class ShapeRates:
         return seconds
 
     def attention_flops_per_s(self, a: Attention) -> float:
-        return self._attention_curve(a) * self.attention_fix.at(attention_dims(a))
+        rate = self._attention_curve(a) * self.attention_fix.at(attention_dims(a))
+        return rate * self.masked_fix if a.masked else rate
 
 
 def _gemm_at(dims: Sequence[int]) -> Gemm:

@@ -208,6 +208,7 @@ def _divided(part: Any, name: str, factor: float) -> float | str:
 _GPU_RATES = (
     "bf16_matmul_tflops",
     "attention_tflops",
+    "masked_attention_tflops",
     "hbm_bytes_per_s",
     "lce_logits_per_s",
     "elementwise_bytes_per_s",

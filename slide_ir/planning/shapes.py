@@ -52,11 +52,10 @@ def backward_gemms(forward: tuple[Gemm, ...]) -> tuple[Gemm, ...]:
     return tuple(grads)
 
 
-def layer_attention(model: ModelSpec, batch: int, seq: int) -> Attention:
+def layer_attention(model: ModelSpec, batch: int, seq: int, *, masked: bool = False) -> Attention:
     window = model.sliding_window if model.sliding_window and model.sliding_window < seq else 0
-    return Attention(
-        batch=batch, heads=model.num_heads, seq=seq, head_dim=model.head_dim, window=window
-    )
+    return Attention(batch=batch, heads=model.num_heads, seq=seq, head_dim=model.head_dim,
+                     window=window, masked=masked)  # fmt: skip
 
 
 def layer_work(model: ModelSpec, config: TrainConfig, *, backward: bool) -> Work:
@@ -70,7 +69,7 @@ def layer_work(model: ModelSpec, config: TrainConfig, *, backward: bool) -> Work
         attn_flops=scale * model.attention_fwd_flops(*bs),
         bytes=scale * model.layer_elementwise_bytes(*bs),
         gemms=backward_gemms(gemms) if backward else gemms,
-        attention=layer_attention(model, *bs),
+        attention=layer_attention(model, *bs, masked=config.document_mask),
     )
 
 

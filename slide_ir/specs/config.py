@@ -157,6 +157,9 @@ class TrainConfig:
     rollback_share: float = 0.25
     # zero-offload: DeepSpeed's reduce_bucket_size, in elements (its default; see zero_offload)
     reduce_bucket: int = 500_000_000
+    # attention masked at document boundaries (`slide train --packing documents`): SDPA runs its
+    # masked kernel, which computes every (query, key) pair, at its own rate
+    document_mask: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch", "seq", "steps", "grad_accum"):

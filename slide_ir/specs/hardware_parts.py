@@ -86,6 +86,10 @@ class Gpu:
     bf16_matmul_tflops: float  # achieved bf16 matmul rate
     hbm_bytes_per_s: float = _toml("hbm_gb_per_s", G)  # device-memory bandwidth (datasheet)
     attention_tflops: float  # achieved fused-attention (SDPA / flash) rate, forward + backward
+    # SDPA's rate with a boolean mask (packed documents), forward + backward, its FLOPs counted
+    # as the causal kernel's (the masked kernel computes every pair, so this is at most about
+    # half its raw rate; None: the causal curve with every block computed)
+    masked_attention_tflops: float | None = None
     # Measured rates of our own kernels (None: the cost model falls back to matmul + HBM):
     # the fused LCE's logits per second, forward + backward, GEMMs included
     lce_logits_per_s: float | None = _toml("lce_glogits_per_s", G, default=None)

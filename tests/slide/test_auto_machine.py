@@ -44,6 +44,7 @@ class FakeProbes:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.scale, self.calls = 1.0, 0
         rates = {(gpu_probes, "matmul_rate"): 500e12, (gpu_probes, "attention_rate"): 200e12,
+                 (gpu_probes, "masked_attention_rate"): 80e12,
                  (gpu_probes, "hbm_rate"): 3e12, (gpu_probes, "lce_rate"): 2e10,
                  (gpu_probes, "elementwise_rate"): 2e12, (gpu_probes, "gpu_adam_rate"): 5e10,
                  (host_rate_probes, "cast_rate"): 4e9}  # fmt: skip

@@ -80,3 +80,13 @@ def test_slide_data_counts_the_packed_samples(tmp_path, capsys):
     assert "windows  12 of 32 tokens (--seq 32, --packing documents)" in capsys.readouterr().out
     assert main(argv) == 0
     assert "windows  11 of 32 tokens (--seq 32, --packing stream)" in capsys.readouterr().out
+
+
+def test_packed_documents_are_planned_with_the_masked_attention():
+    """`--packing documents` reaches the planner: its layers' attention is priced masked."""
+    from slide.cli import build_parser
+    from slide.commands import train
+
+    for packing, masked in (("documents", True), ("stream", False)):
+        args = build_parser().parse_args(["train", *COMMON, "--packing", packing])
+        assert train._request(args, [], {}).config.document_mask is masked

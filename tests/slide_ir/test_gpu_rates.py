@@ -47,6 +47,38 @@ def test_attention_efficiency_by_hand():
     assert attention_efficiency(windowed, None) == pytest.approx(pairs / (7 * 128 * 128) * 0.5)
 
 
+def test_a_masked_attention_computes_every_block_for_the_causal_pairs():
+    """Packed documents' explicit mask: SDPA's masked kernel skips no block, so per model FLOP
+    (causal pairs) its efficiency is the causal pairs over all of them."""
+    a = Attention(batch=1, heads=1, seq=256, head_dim=64, masked=True)
+    assert attention_efficiency(a, None) == pytest.approx(32768 / 65536 * 0.5)
+
+
+def test_masked_attention_at_the_profiles_measured_rate_else_the_curve():
+    ref_masked = replace(REF_ATTENTION, masked=True)
+    curve = ShapeRates(H200.gpu, matmul=700e12, attention=300e12, hbm=4e12)
+    blocks = REF_ATTENTION.seq // 128
+    every_block = (blocks * (blocks + 1) / 2) / (blocks * blocks)  # causal blocks / all blocks
+    assert curve.attention_flops_per_s(ref_masked) == pytest.approx(300e12 * every_block)
+    measured = ShapeRates(replace(H200.gpu, masked_attention_tflops=90.0), matmul=700e12,
+                          attention=300e12, hbm=4e12)  # fmt: skip
+    assert measured.attention_flops_per_s(ref_masked) == pytest.approx(90e12)
+    assert measured.attention_flops_per_s(REF_ATTENTION) == pytest.approx(300e12)  # unmasked
+    longer = replace(ref_masked, seq=4096, batch=2)  # moves with the curve, as the causal does
+    ratio = measured.attention_flops_per_s(longer) / curve.attention_flops_per_s(longer)
+    assert ratio == pytest.approx(90e12 / (300e12 * every_block))
+
+
+def test_packed_documents_price_the_masked_kernel_and_leave_the_model_flops():
+    model = load_model("llama-3.2-1b")
+    plain, packed = (layer_work(model, TrainConfig(batch=2, seq=4096, document_mask=m),
+                                backward=True) for m in (False, True))  # fmt: skip
+    assert packed.attention is not None and packed.attention.masked
+    assert (packed.flops, packed.attn_flops) == (plain.flops, plain.attn_flops)
+    cost = CostModel(H200)
+    assert cost.compute_seconds(packed) > cost.compute_seconds(plain)
+
+
 def test_the_curve_reproduces_the_profile_rate_at_the_reference_shapes():
     rates = ShapeRates(H200.gpu, matmul=700e12, attention=300e12, hbm=4e12)
     ref = reference_gemms()
@@ -117,6 +149,8 @@ def test_shapes_print_and_parse_back():
     kv = dict(t.split("=", 1) for t in tokens[2:])
     assert kv["gemms"] == "64x96x32,64x32x32*2" and kv["attention"] == "1x4x64x8w16"
     assert parse_op(op.id, kv) == op
+    for masked in ("1x4x64x8m", "1x4x64x8w16m"):
+        assert str(Attention.parse(masked)) == masked and Attention.parse(masked).masked
 
 
 def test_one_thread_rule():
