@@ -149,10 +149,10 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "--held-grads",
         choices=HELD_GRAD_PLACES,
         default="auto",
-        help="--clip global with --optimizer nvme or nvme-moments: where the host-updated "
-        "gradients wait for the norm: ram (a pinned slot each, 2 B/param of RAM) or nvme "
-        "(written to the drives as they land and read back for their update: 4 B/param more "
-        "drive traffic a step); auto: the faster plan that fits, ram on a tie [auto]",
+        help="--clip global: where the host-updated gradients wait for the norm: ram (a pinned "
+        "slot each, 2 B/param of RAM) or nvme (written to a drive as they land and read back "
+        "for their update: 4 B/param more drive traffic a step, no speculation); auto: the "
+        "faster plan that fits, ram on a tie [auto]",
     )
     parser.add_argument(
         "--speculate",

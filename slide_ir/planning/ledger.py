@@ -122,6 +122,11 @@ def build_ledger(
             f"optimizer='{config.optimizer}', activations='{config.activations}' need at least one "
             f"NVMe drive, and machine {machine.name!r} has none (add one with --nvme N)"
         )
+    if drives == 0 and config.spills_grads:
+        raise ValueError(
+            f"held_grads='nvme' needs at least one NVMe drive, and machine {machine.name!r} has "
+            "none (add one with --nvme N, or hold them in RAM: --held-grads ram)"
+        )
     terms = Terms()
     if config.schedule == "sliding":
         _sliding_terms(terms, model, config, resident, streamed, drives)

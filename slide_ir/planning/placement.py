@@ -67,6 +67,7 @@ def choose_placement(
 def plan_fits(model: ModelSpec, machine: Machine, config: TrainConfig) -> bool:
     """Whether `slide_ir.planning.planner.plan` of `config` fits: some placement its search would
     consider fits every tier (ledgers only: for bisections over batch or model size)."""
+    config = _smallest_held(machine, config)
     if config.schedule != "sliding":
         return smallest_ledger(model, machine, config).feasible
     search = PlacementSearch(model, machine, config, _no_build)
@@ -78,11 +79,19 @@ def plan_fits(model: ModelSpec, machine: Machine, config: TrainConfig) -> bool:
 def smallest_ledger(model: ModelSpec, machine: Machine, config: TrainConfig) -> Ledger:
     """The ledger of the smallest footprint the planner would consider (`--placement small`
     where the counts are free; a baseline schedule's own): what decides whether a model fits."""
+    config = _smallest_held(machine, config)
     if config.schedule != "sliding":
         acts = "cpu" if config.activations == "auto" else config.activations
         return build_ledger(model, machine, replace(config, activations=acts))
     search = PlacementSearch(model, machine, config, _no_build)
     return search.ledger(search.smallest())
+
+
+def _smallest_held(machine: Machine, config: TrainConfig) -> TrainConfig:
+    """An unresolved `held_grads` at its smaller footprint: on a drive, where there is one."""
+    if config.held_grads == "auto" and config.can_spill_grads and machine.nvme:
+        return replace(config, held_grads="nvme")
+    return config
 
 
 def _no_build(config: TrainConfig, ledger: Ledger) -> Graph:

@@ -64,7 +64,11 @@ def plan(model: ModelSpec, machine: Machine, config: TrainConfig, *, nproc: int 
     `nproc` > 1: one rank's plan of data-parallel sliding (`data_parallel.shard_plan` shards
     it), its placement sized and timed as the ranks will run it; its own ledger is a single
     GPU's and may not fit one (the sharded one must)."""
-    if config.held_grads == "auto" and config.can_spill_grads:
+    if (
+        config.held_grads == "auto"
+        and config.can_spill_grads
+        and (config.optimizer != "cpu" or machine.nvme)
+    ):
         return _held_grads(model, machine, config, nproc)
     return _weights_placed(model, machine, config, nproc)
 

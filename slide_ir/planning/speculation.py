@@ -64,7 +64,9 @@ def expected(step_s: float, rollback_step_s: float, share: float) -> float:
 
 def can_speculate(config: TrainConfig) -> bool:
     """Global clipping of the sliding schedule with the host's state in RAM."""
-    return config.deferred_updates and config.schedule == "sliding" and config.optimizer == "cpu"
+    # a speculated unit's gradient stays in its landing slot until the norm: none go to a drive
+    return (config.deferred_updates and config.schedule == "sliding" and config.optimizer == "cpu"
+            and not config.spills_grads)  # fmt: skip
 
 
 def choose_speculation(

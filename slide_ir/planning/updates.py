@@ -75,7 +75,7 @@ class OptimizerIo:
 
     def prefetch(self, order: list[int], q: int) -> list[str]:
         """Emit the reads of order[q] (if not yet) and order[q + 1]; returns order[q]'s reads."""
-        if not self.on_nvme:
+        if not self.on_nvme and not self.ctx.config.spills_grads:
             return []
         for u in order[q : q + 2]:
             if u not in self.reads:
@@ -86,7 +86,7 @@ class OptimizerIo:
         ctx, d = self.ctx, self.ctx.drives
         share = -(-ctx.params(unit) * self.on_nvme // d)
         ids, slots = [], []
-        for k in range(d):
+        for k in range(d if self.on_nvme else 0):  # only held gradients: no state to read
             op_id = ctx.sid(self.step, unit, f"opt.read{k}")
             (slot,) = ctx.b.emit(
                 op_id,

@@ -58,11 +58,12 @@ class HeldGrads(StrEnum):
     known (`slide_ir.planning.held_grads`)."""
 
     RAM = "ram"  # a pinned landing slot per host-updated unit: 2 B/param of RAM
-    # written to the drive the optimizer state is on as they land, read back for their update
-    # (2 B/param there, 4 B/param more drive traffic a step; the landing is a ring of 3)
+    # written to a drive as they land, read back for their update (2 B/param there, 4 B/param
+    # more drive traffic a step; the landing is a ring of 3)
     NVME = "nvme"
-    # the planner times both and keeps the faster plan that fits, RAM on a tie; a ledger of an
-    # unresolved "auto" is the drive's, the smallest footprint
+    # the planner times both (with the optimizer in RAM, where the machine has a drive) and
+    # keeps the faster plan that fits, RAM on a tie; a ledger of an unresolved "auto" is the
+    # drive's with the optimizer on NVMe (the smaller footprint), else RAM's
     AUTO = "auto"
 
 
@@ -220,18 +221,22 @@ class TrainConfig:
         derived from it, the baselines', fall back to RAM instead)."""
         if self.held_grads == HeldGrads.NVME and not self.can_spill_grads:
             raise ValueError(
-                "held_grads='nvme' keeps global clipping's gradients on the optimizer's drives: "
-                f"it needs clip 'global', schedule 'sliding', grad_accum 1 and optimizer 'nvme' "
-                f"or 'nvme-moments' (got clip '{self.clip}', schedule '{self.schedule}', "
-                f"grad_accum {self.grad_accum}, optimizer '{self.optimizer}'); use 'ram' or 'auto'"
+                "held_grads='nvme' keeps global clipping's gradients on NVMe until the norm: it "
+                f"needs clip 'global', schedule 'sliding' and grad_accum 1 (got clip "
+                f"'{self.clip}', schedule '{self.schedule}', grad_accum {self.grad_accum}); use "
+                "'ram' or 'auto'"
+            )
+        if self.held_grads == HeldGrads.NVME and self.speculate not in ("auto", 0):
+            raise ValueError(
+                f"held_grads='nvme' with speculate={self.speculate}: a speculated update keeps its "
+                "gradient in RAM until the norm; use speculate 0 or 'auto', or held_grads 'ram'"
             )
 
     @property
     def can_spill_grads(self) -> bool:
-        """Global clipping's held gradients could wait on the drives the optimizer state is on
-        (one micro-batch: an accumulated gradient is summed in RAM)."""
-        return (self.deferred_updates and self.grad_accum == 1
-                and self.schedule == Schedule.SLIDING and self.optimizer != OptimizerHome.CPU)  # fmt: skip
+        """Global clipping's held gradients could wait on NVMe (one micro-batch: an accumulated
+        gradient is summed in RAM)."""
+        return self.deferred_updates and self.grad_accum == 1 and self.schedule == Schedule.SLIDING
 
     @property
     def holds_landed_grads(self) -> bool:
@@ -240,14 +245,15 @@ class TrainConfig:
 
     @property
     def spills_grads(self) -> bool:
-        """The held gradients wait on NVMe ("auto" unresolved: the smaller footprint)."""
-        return self.can_spill_grads and self.held_grads != HeldGrads.RAM
+        """The held gradients wait on NVMe ("auto" unresolved: with the optimizer there)."""
+        auto = self.held_grads == HeldGrads.AUTO and self.optimizer != OptimizerHome.CPU
+        return self.can_spill_grads and (self.held_grads == HeldGrads.NVME or auto)
 
     @property
     def speculated(self) -> int:
-        """Host-updated units that speculate: the count asked for, 0 for "auto" or without
-        global clipping."""
-        if not self.deferred_updates or self.speculate == "auto":
+        """Host-updated units that speculate: the count asked for, 0 for "auto", without
+        global clipping or with its gradients held on NVMe."""
+        if not self.deferred_updates or self.speculate == "auto" or self.spills_grads:
             return 0
         return int(self.speculate)
 

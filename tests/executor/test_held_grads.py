@@ -1,5 +1,6 @@
-"""Global clipping's gradients held on NVMe (`held_grads="nvme"`) train bit for bit as those held
-in RAM, and as the plain loop with `clip_grad_norm_`; the graph writes each landed gradient to
+"""Global clipping's gradients held on NVMe (`held_grads="nvme"`: beside the optimizer's state on
+the drives, or on a drive with the state in RAM) train bit for bit as those held in RAM, and as the
+plain loop with `clip_grad_norm_`; the graph writes each landed gradient to
 its drive (freeing the landing slot) and reads it back before its update; the ledger holds a
 landing ring, not a slot per gradient, and 2 B/param of them on the drives."""
 
@@ -20,6 +21,7 @@ CASES = {
     "untied-1-drive": (False, 1, {"optimizer": "nvme"}),
     "tied-2-drives": (True, 2, {"optimizer": "nvme"}),
     "moments-only-2-drives": (False, 2, {"optimizer": "nvme-moments"}),
+    "optimizer-in-ram-1-drive": (False, 1, {}),
 }
 
 
@@ -69,3 +71,17 @@ def test_the_ledger_holds_a_landing_ring_and_the_gradients_on_the_drives() -> No
     held = sum(t.bytes for t in drive.terms if t.pool.role == PoolRole.NVME_GRADS)
     assert held == 2 * sum(unit_params(spec, u) for u in range(spec.num_layers + 2))
     assert drive.peak_bytes("cpu") < ram.peak_bytes("cpu")
+
+
+def test_held_on_nvme_without_a_drive_is_refused_naming_the_fix() -> None:
+    spec = spec_of(tiny_config("llama"))
+    config = TrainConfig(batch=2, seq=16, activations="cpu", clip="global", held_grads="nvme")
+    with pytest.raises(ValueError, match=r"needs at least one NVMe drive.*--held-grads ram"):
+        build_ledger(spec, load_machine("h200-16c-128g", nvme=0), config)
+
+
+def test_held_on_nvme_refuses_speculated_updates() -> None:
+    config = TrainConfig(batch=2, seq=16, clip="global", held_grads="nvme", speculate=2)
+    with pytest.raises(ValueError, match="speculate=2: a speculated update keeps its gradient"):
+        config.check_held_grads()
+    assert TrainConfig(batch=2, seq=16, clip="global", held_grads="nvme").speculated == 0

@@ -334,8 +334,9 @@ def test_capacity_moments_flag_picks_one_mode_and_the_nvme_rule_counts_the_drive
 def test_capacity_answers_for_trains_default_clipping_and_clip_changes_it(capsys):
     """Global clipping holds every host-updated gradient until the norm (2 B/param of landing):
     capacity under `slide train`'s default is never larger than without clipping."""
-    default = _capacity_modes(capsys, "--optimizer", "cpu", "--moments", "fp32")
-    none = _capacity_modes(capsys, "--optimizer", "cpu", "--moments", "fp32", "--clip", "none")
+    default = _capacity_modes(capsys, "--optimizer", "cpu", "--moments", "fp32", "--nvme", "0")
+    none = _capacity_modes(capsys, "--optimizer", "cpu", "--moments", "fp32", "--nvme", "0",
+                           "--clip", "none")  # fmt: skip
     glob, bare = default[("cpu", "fp32")], none[("cpu", "fp32")]
     assert glob["largest_model_params"] <= bare["largest_model_params"]
     assert (
@@ -345,6 +346,18 @@ def test_capacity_answers_for_trains_default_clipping_and_clip_changes_it(capsys
     code, text, _ = run(capsys, "capacity", "--machine", "paper-pc-4090", "--optimizer", "cpu",
                         "--activations", "cpu", "--clip", "per-unit")  # fmt: skip
     assert code == 0 and text.startswith("paper-pc-4090: batch 1 x seq 1024, --clip per-unit;")
+
+
+def test_a_drive_holds_global_clippings_gradients_for_the_optimizer_in_ram(capsys):
+    """With the optimizer in RAM, a drive takes the held gradients where RAM does not: the
+    default clipping's capacity with a drive reaches the unclipped one's."""
+
+    def largest(*argv):  # type: ignore[no-untyped-def]
+        modes = _capacity_modes(capsys, "--optimizer", "cpu", "--moments", "fp32", *argv)
+        return modes[("cpu", "fp32")]["families"]["llama-3.1"]["scaled_params"]
+
+    assert largest() > largest("--nvme", "0")  # the preset's one drive, and none
+    assert largest() == largest("--clip", "none")
 
 
 def test_capacity_refuses_a_bad_moments_value(capsys):
