@@ -61,7 +61,7 @@ def fine_tune(
     stop = CtrlC()
     on_step, final_save = _step_hooks(stop, reporter, skipped, ckpt, start, phases)
     try:
-        with _publish_or_cancel(ckpt), stop:
+        with _stopping(stop, ckpt):
             result = train(
                 planned.model,
                 planned.machine,
@@ -148,6 +148,16 @@ def _step_hooks(
                 ckpt.save(step, read_state, background=False)
 
     return on_step, final_save
+
+
+@contextmanager
+def _stopping(stop: CtrlC, ckpt: Checkpointer | None) -> Iterator[None]:
+    """Ctrl-C's rules around the checkpoint's publish-or-cancel too: while an abort cancels the
+    checkpoint in flight, a later Ctrl-C is ignored. With the handler restored first, one
+    landing in the cancel's join interrupted it, and the process exited with the write still
+    running on its thread: SIGABRT (1 of 10 double Ctrl-Cs in a loaded test run)."""
+    with stop, _publish_or_cancel(ckpt):
+        yield
 
 
 @contextmanager

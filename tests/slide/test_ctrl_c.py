@@ -37,6 +37,33 @@ def test_after_a_step_the_first_ctrl_c_stops_the_second_aborts_later_ones_are_ig
     assert signal.getsignal(signal.SIGINT) is before
 
 
+class _CheckpointInFlight:
+    """A checkpoint whose cancel (joining its writer) gets a Ctrl-C halfway."""
+
+    last = None
+    cancelled = False
+
+    def cancel(self) -> None:
+        signal.raise_signal(signal.SIGINT)  # a second Ctrl-C, during the join
+        self.cancelled = True
+
+
+def test_a_ctrl_c_while_the_abort_cancels_the_checkpoint_is_ignored() -> None:
+    from slide.errors import StopRun
+    from slide.fine_tune import _stopping
+
+    ckpt = _CheckpointInFlight()
+    try:
+        with _stopping(CtrlC(), ckpt):  # type: ignore[arg-type]
+            signal.raise_signal(signal.SIGINT)  # before the first step: aborts at once
+    except StopRun as stopped:
+        assert stopped.code == 130 and ckpt.cancelled
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl-C during the checkpoint's cancel interrupted it")
+    else:
+        pytest.fail("the abort did not stop the run")
+
+
 # `slide train` with 2 s of the interpreter's shutdown held open (atexit runs in it)
 SLOW_EXIT = ("import atexit, sys, time; atexit.register(time.sleep, 2.0); from slide.cli import "
              "main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
