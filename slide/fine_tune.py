@@ -33,7 +33,7 @@ from slide.session import train
 from slide.tokenizer import tokenizer_files
 from slide.train_data import tiny_tokenizer
 from slide.train_prepare import Prepared
-from slide.train_report import Reporter, finish, phase_summary, prediction_warning
+from slide.train_report import Reporter, finish, memory_warning, phase_summary, prediction_warning
 from slide.train_request import TrainRequest
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
@@ -118,6 +118,8 @@ def _summary(
         summary = finish(req, result, reporter, done, ready.planned.machine, last,
                          interrupted=interrupted, nproc=ranks.nproc if ranks else 1)  # fmt: skip
     if warning := prediction_warning(summary, refits_profile=req.machine == "auto"):
+        log.warning(warning)
+    if warning := memory_warning(summary):
         log.warning(warning)
     return {**summary, **phase_summary(phases)}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,54 @@ class ClipCounts:
         return {"clipping": out}
 
 
+GIB = 2**30
+WARN_MEMORY = 0.05  # a host peak this far above the ledger is said: RAM was sized by it
+
+
+@dataclass
+class MemoryPeaks:
+    """The run's peak host RSS (the process's high-water mark, start-up included) and the GPU
+    memory torch reserved at the steps' ends, set against the ledger where the run was planned
+    for this machine (`planned_bytes`; none in CPU mode or for data-parallel ranks)."""
+
+    gpu_reserved: int = 0
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        self.gpu_reserved = max(self.gpu_reserved, metrics.get("gpu_reserved_bytes", 0))
+
+    def summary(self, placement: dict[str, Any] | None) -> dict[str, Any]:
+        planned = (placement or {}).get("planned_bytes") or {}
+        out: dict[str, Any] = {"host_peak_rss_gib": round(peak_rss_bytes() / GIB, 3)}
+        if self.gpu_reserved:
+            out["gpu_peak_reserved_gib"] = round(self.gpu_reserved / GIB, 3)
+        for tier, name, measured in (("cpu", "host", "host_peak_rss_gib"),
+                                     ("gpu", "gpu", "gpu_peak_reserved_gib")):  # fmt: skip
+            if planned.get(tier) and measured in out:
+                out[f"{name}_planned_gib"] = round(planned[tier] / GIB, 3)
+                out[f"{name}_vs_plan"] = round(out[measured] * GIB / planned[tier] - 1, 4)
+        if planned.get("nvme"):
+            out["nvme_planned_gib"] = round(planned["nvme"] / GIB, 3)
+        return {"memory": out}
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_warning(summary: dict[str, Any]) -> str | None:
+    """One line when the host held more than `WARN_MEMORY` above what the ledger planned."""
+    memory = summary.get("memory", {})
+    over = memory.get("host_vs_plan")
+    if over is None or over <= WARN_MEMORY:
+        return None
+    return (
+        f"the host's peak RSS was {memory['host_peak_rss_gib']:.1f} GiB, {over:.1%} above the "
+        f"{memory['host_planned_gib']:.1f} GiB the plan's ledger holds: leave that much more "
+        "RAM free for this run"
+    )
+
+
 @dataclass
 class Reporter:
     """Progress bar, metrics JSONL (one line per optimizer step) and TensorBoard scalars. A
@@ -101,6 +150,7 @@ class Reporter:
     losses: LossStats = field(default_factory=LossStats)
     evals: LossStats = field(default_factory=LossStats)  # the eval losses (`executor.evaluation`)
     clipping: ClipCounts = field(default_factory=ClipCounts)
+    memory: MemoryPeaks = field(default_factory=MemoryPeaks)
 
     def __post_init__(self) -> None:
         from tqdm import tqdm
@@ -127,6 +177,7 @@ class Reporter:
         self.phases.mark("first step end")
         self.losses.add(loss)
         self.clipping.add(metrics)
+        self.memory.add(metrics)
         self.bar.update(1)
         self._postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
         row = {"step": step, "loss": loss, "lr": lr, **metrics}
@@ -216,6 +267,7 @@ def finish(
         **against_plan(placement, step_s, nproc, clipped_share(result.meta.get("steady"))),
         "eta": m.eta,
         **reporter.clipping.summary(placement),
+        **reporter.memory.summary(placement),
         "checkpoint": str(last) if last else None,
         **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),
     }

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from slide.cli import main
-from slide.train_report import against_plan
+from slide.train_report import MemoryPeaks, against_plan, memory_warning, peak_rss_bytes
 
 COMMON = ["--device", "cpu", "--batch", "2", "--seq", "32", "--lr", "1e-3", "--lr-schedule",
           "constant", "--no-shuffle", "--no-progress"]  # fmt: skip
@@ -145,6 +145,28 @@ def test_the_summary_names_the_placement_and_its_prediction(tmp_path, tokens, ca
     got = against_plan(placed, 0.55, nproc=2)
     assert got == {"placement": "c", "predicted_tokens_per_s": 4000.0, "step_time_error": 0.1}
     assert against_plan(None, 0.55, nproc=1) == {}
+
+
+def test_the_summary_sets_the_measured_memory_against_the_ledger(tmp_path, tokens, capsys):
+    """Every run reports its host peak RSS; a run planned for its machine (CUDA, one process)
+    also the GPU memory reserved, each against the ledger's peak for its tier, and says in one
+    line when the host held more than 5% above the plan. In CPU mode nothing is set against a
+    plan made for a GPU preset."""
+    code, stdout, _ = train(capsys, "--data", tokens, "--steps", "2")
+    memory = json.loads(stdout)["memory"]
+    assert code == 0 and set(memory) == {"host_peak_rss_gib"}
+    assert 0.1 < memory["host_peak_rss_gib"] <= peak_rss_bytes() / 2**30 + 0.001  # rounded
+    peaks = MemoryPeaks()
+    for reserved in (3 * 2**30, 5 * 2**30, 4 * 2**30):
+        peaks.add({"gpu_reserved_bytes": reserved})
+    host = peak_rss_bytes()
+    planned = {"cpu": host * 2, "gpu": 4 * 2**30, "nvme": 0}
+    got = peaks.summary({"planned_bytes": planned})["memory"]
+    assert got["gpu_peak_reserved_gib"] == 5.0 and got["gpu_vs_plan"] == 0.25
+    assert got["host_vs_plan"] == pytest.approx(-0.5, abs=1e-3) and "nvme_planned_gib" not in got
+    assert memory_warning({"memory": got}) is None
+    over = peaks.summary({"planned_bytes": {**planned, "cpu": host // 2}})
+    assert "above the" in (memory_warning(over) or "")
 
 
 def test_a_speculated_prediction_mixes_kept_and_rolled_back_steps_at_the_measured_share():
