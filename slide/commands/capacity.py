@@ -1,6 +1,7 @@
 """`slide capacity`: the largest model a machine can fine-tune, per mode: the placement of the
 optimizer state and activations (CPU RAM or NVMe) and the Adam moments' precision. Fitting is
-decided by the memory ledger alone, beside SlideFormer's bytes-per-parameter rule for the mode."""
+decided by the memory ledger alone, beside SlideFormer's host RAM for the mode as its code allocates
+it (`slide_ir.planning.slideformer_footprint`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from slide import json_out
 from slide.commands.common import DEFAULT_MACHINE, add_machine_overrides, drive_count
 from slide_ir.planning.capacity import capacity, placements
+from slide_ir.planning.slideformer_footprint import slideformer_capacity
 from slide_ir.specs.config import (
     ACTIVATION_PLACES,
     CLIP_MODES,
@@ -92,36 +94,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def mode_capacity(machine: Machine, config: TrainConfig) -> dict[str, Any]:
-    """`capacity` of one mode with SlideFormer's rule for it beside the ledger's answer."""
+    """`capacity` of one mode with SlideFormer's own count beside the ledger's answer."""
     result = capacity(machine, config)
-    host, drive = slideformer_rule(config.optimizer, config.moments_dtype)
-    rule_params = [cap / b for cap, b in ((machine.ram_bytes, host), (nvme_bytes(machine), drive))
-                   if b]  # fmt: skip
-    result["slideformer_host_bytes_per_param"] = host
-    result["slideformer_nvme_bytes_per_param"] = drive
-    result["slideformer_params"] = round(min(rule_params))
-    return result
+    return {**result, **slideformer_capacity(machine, config, result["largest_model"])}
 
 
 def nvme_bytes(machine: Machine) -> int:
     return sum(d.capacity_bytes for d in machine.nvme)
-
-
-# Where each rule comes from. SlideFormer (Yang & Wen, DAC'26, arXiv 2603.16428) keeps the FP32
-# master and both FP32 Adam moments in host RAM, 12 B/param, casting each layer's BF16 weights on
-# the fly (no BF16 copy kept), and its NVMe tier takes that same state off the host. The paper has
-# no BF16-moment mode: for one we keep its accounting with 2-byte moments (4 + 2 + 2 = 8 B/param).
-# Moments on NVMe leave the 4-byte master in RAM; optimizer on NVMe leaves none of the state there.
-def slideformer_rule(optimizer: str, moments: str = "fp32") -> tuple[int, int]:
-    """SlideFormer's (host RAM, NVMe) bytes per parameter for an optimizer placement."""
-    moment_bytes = 8 if moments == "fp32" else 4
-    return {"cpu": (4 + moment_bytes, 0), "nvme-moments": (4, moment_bytes),
-            "nvme": (0, 4 + moment_bytes)}[optimizer]  # fmt: skip
-
-
-def slideformer_bytes_per_param(optimizer: str, moments: str = "fp32") -> int:
-    """SlideFormer's rule for the host RAM alone (what `bench/memory/host_bytes.py` compares)."""
-    return slideformer_rule(optimizer, moments)[0]
 
 
 def render(out: dict[str, Any]) -> str:
@@ -153,7 +132,9 @@ def mode_name(r: dict[str, Any]) -> str:
 
 
 def rule_text(r: dict[str, Any]) -> str:
-    """`SlideFormer's rule: 12 B/param in host RAM, 0 on NVMe: 22.4 B params`."""
-    return (f"SlideFormer's rule: {r['slideformer_host_bytes_per_param']} B/param in host RAM, "
-            f"{r['slideformer_nvme_bytes_per_param']} on NVMe: "
-            f"{r['slideformer_params'] / 1e9:.1f} B params")  # fmt: skip
+    """`SlideFormer, as its code allocates: 12.9 B/param; its largest qwen2.5-14b (14.8 B)`."""
+    per_param = r["slideformer_host_bytes_per_param"]
+    same = f"{per_param:.1f} B/param for the same model; " if per_param else ""
+    best = r["slideformer_largest_model"] or "none"
+    return (f"SlideFormer, as its code allocates: {same}its largest catalog model {best} "
+            f"({r['slideformer_largest_model_params'] / 1e9:.1f} B)")  # fmt: skip

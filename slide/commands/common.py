@@ -108,6 +108,13 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "work); auto: the faster plan that fits, cast on a tie [auto]",
     )
     parser.add_argument(
+        "--lean-buffers",
+        action="store_true",
+        help="the host's copy buffers one deep, each the size of the largest unit (one "
+        "gradient landing slot, one cast slot, one NVMe staging slot per drive): the least host RAM, "
+        "slower; the planner uses them anyway where nothing else fits [off]",
+    )
+    parser.add_argument(
         "--cache-units",
         default="auto",
         help="GPU cache units for sliding layers (>= 2) or 'auto' (chosen by --placement) [auto]",
@@ -239,6 +246,7 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "optimizer": args.optimizer,
         "moments_dtype": args.moments,
         "host_weights": args.host_weights,
+        "lean_buffers": args.lean_buffers,
         "held_grads": args.held_grads,
         "cache_units": parse_cache_units(args.cache_units),
         "resident": parse_count_or_auto("resident", args.resident),

@@ -40,9 +40,8 @@ from slide_ir.planning.transfer_terms import (
     cast_units,
     held_grad_terms,
     host_weight_terms,
-    layer_landing_terms,
+    landing_terms,
     master_staging_terms,
-    vocab_landing_terms,
     weight_ring_terms,
 )
 from slide_ir.planning.units import BF16, FP32, GIB, resident_preference, unit_params
@@ -169,7 +168,6 @@ def _sliding_terms(
     streamed: tuple[int, ...],
     drives: int,
 ) -> None:
-    n = model.num_layers
     common_gpu_terms(terms, model, config)
     activation_terms(terms, model, config, drives)
     sliding = [u for u in resident_preference(model) if u not in resident]
@@ -178,11 +176,10 @@ def _sliding_terms(
     _gpu_unit_terms(terms, model, config, sliding, resident)
     streamed_staging_terms(terms, model, config, streamed)
     handback_terms(terms, config, max((unit_params(model, u) for u in resident), default=0))
-    vocab_landing_terms(terms, model, config, [u for u in host_updated if u in (0, n + 1)])
-    layer_landing_terms(terms, model, config, host_updated, gpu_updated=bool(streamed or resident))
+    landing_terms(terms, model, config, host_updated, gpu_updated=bool(streamed or resident))
     cast = cast_units(config, host_updated)
     host_weight_terms(terms, model, [u for u in sliding if u not in cast])
-    weight_ring_terms(terms, model, cast)
+    weight_ring_terms(terms, model, config, cast)
     master_staging_terms(terms, model, config, cast, drives)
     held_grad_terms(terms, model, config, host_updated, drives)
     grad_accum_terms(terms, model, config, sliding)

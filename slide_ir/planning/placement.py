@@ -46,7 +46,7 @@ def choose_placement(
     search = PlacementSearch(model, machine, config, build, nproc)
     if config.placement == "small" or not search.free:
         how = "small" if config.placement == "small" and search.free else "pinned"
-        return PlacementChoice(chosen=search.smallest(), how=how)
+        return PlacementChoice(chosen=search.fallback(), how=how)
     legacy = search.seed()
     search.refine()
     if search.free_depth and not any(c.fits for c in search.timed.values()):
@@ -57,6 +57,8 @@ def choose_placement(
     search.refine_tapes(legacy)  # the rule before the search, with its tapes: never beaten
     timed = sorted(search.timed.values(), key=Candidate.rank)
     fitting = tuple(c for c in timed if c.fits)
+    if not fitting and search.feasible(search.leanest()):
+        fitting = (search.time(search.leanest()),)  # the copy buffers one deep: it fits
     if not fitting:
         return PlacementChoice(chosen=search.smallest(), how="nothing fits", legacy=legacy)
     chosen = fitting[0].placement
@@ -72,19 +74,20 @@ def plan_fits(model: ModelSpec, machine: Machine, config: TrainConfig) -> bool:
         return smallest_ledger(model, machine, config).feasible
     search = PlacementSearch(model, machine, config, _no_build)
     if config.placement == "small" or not search.free:
-        return search.ledger(search.smallest()).feasible
+        return search.feasible(search.fallback())
     return search.anything_fits()
 
 
 def smallest_ledger(model: ModelSpec, machine: Machine, config: TrainConfig) -> Ledger:
     """The ledger of the smallest footprint the planner would consider (`--placement small`
-    where the counts are free; a baseline schedule's own): what decides whether a model fits."""
+    where the counts are free, its copy buffers one deep; a baseline schedule's own): what
+    decides whether a model fits."""
     config = _smallest_held(machine, config)
     if config.schedule != "sliding":
         acts = "cpu" if config.activations == "auto" else config.activations
         return build_ledger(model, machine, replace(config, activations=acts))
     search = PlacementSearch(model, machine, config, _no_build)
-    return search.ledger(search.smallest())
+    return search.ledger(search.leanest())
 
 
 def _smallest_held(machine: Machine, config: TrainConfig) -> TrainConfig:

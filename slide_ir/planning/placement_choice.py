@@ -29,6 +29,7 @@ class Placement:
     resident: int  # the first units of `resident_preference`
     streamed: int  # the next ones
     kept: int = 0  # the top decoder layers whose forward keeps its tape (no recompute)
+    lean: bool = False  # `TrainConfig.lean_buffers`: the host's copy buffers one deep
 
     def units(self, model: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(resident units, streamed units)."""
@@ -39,9 +40,10 @@ class Placement:
     def describe(self, model: ModelSpec) -> str:
         sliding = len(resident_preference(model)) - self.resident - self.streamed
         depth = f", {self.cache_units} cache units" if sliding else ""
+        lean = "; lean host buffers (one landing and one cast slot)" if self.lean else ""
         return (
             f"{self.resident} resident, {self.streamed} streamed, {sliding} sliding units; "
-            f"inputs on {self.activations}{depth}; {self.kept} kept tapes"
+            f"inputs on {self.activations}{depth}; {self.kept} kept tapes{lean}"
         )
 
 
@@ -118,6 +120,7 @@ class PlacementChoice:
             resident=p.resident,
             streamed=p.streamed,
             keep_activations=p.kept,
+            lean_buffers=p.lean,
         )
 
 
@@ -129,5 +132,6 @@ def _entry(model: ModelSpec, p: Placement, step_s: float | None) -> dict[str, ob
         "resident_units": list(resident),
         "streamed_units": list(streamed),
         "kept_tapes": p.kept,
+        "lean_buffers": p.lean,
         "predicted_step_s": step_s,
     }

@@ -67,6 +67,7 @@ def _pinned(config: TrainConfig, activations: str, resident: int, streamed: int)
         resident=resident if config.resident == "auto" else int(config.resident),
         streamed=streamed if config.streamed == "auto" else int(config.streamed),
         kept=config.kept_tapes,
+        lean=config.lean_buffers,
     )
 
 
@@ -169,7 +170,8 @@ class PlacementSearch:
     def anything_fits(self) -> bool:
         """Whether the search would find a placement that fits (ledgers only, no timing)."""
         depths = {self.config.cache_depth, 2} if self.free_depth else {self.config.cache_depth}
-        if any(self.fits(p) for p in (*self.floors(), *map(self.legacy, self.acts))):
+        small = (*self.floors(), self.leanest(), *map(self.legacy, self.acts))
+        if any(self.fits(p) for p in small):
             return True
         if not self.free_resident:
             return any(self.fits(self.base(a, d)) for a in self.acts for d in depths)
@@ -271,7 +273,17 @@ class PlacementSearch:
         """Every tier fits; the GPU also under the budget, unless `p` is the smallest placement
         (at the default depth, or with two cache units when the depth is free): nothing chosen
         adds to the GPU, so it is judged like a pinned plan, as before this search."""
-        return self.feasible(p) and (p in self.floors() or self.gpu_fits(p))
+        return self.feasible(p) and (replace(p, lean=False) in self.floors() or self.gpu_fits(p))
+
+    def leanest(self) -> Placement:
+        """The smallest placement with the host's copy buffers one deep: the planner's last
+        resort where the smallest does not fit (`TrainConfig.lean_buffers`)."""
+        return replace(self.smallest(), lean=True)
+
+    def fallback(self) -> Placement:
+        """The smallest placement, or the leanest where only that fits."""
+        small, lean = self.smallest(), self.leanest()
+        return lean if not self.feasible(small) and self.feasible(lean) else small
 
     def floors(self) -> set[Placement]:
         small = self.smallest()
@@ -285,6 +297,7 @@ class PlacementSearch:
             resident=p.resident,
             streamed=p.streamed,
             keep_activations=p.kept,
+            lean_buffers=p.lean,
             steps=RANK_STEPS,
         )
 

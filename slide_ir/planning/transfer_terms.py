@@ -15,6 +15,31 @@ from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
 
 
+def landing_terms(
+    terms: Terms,
+    model: ModelSpec,
+    config: TrainConfig,
+    host_updated: list[int],
+    *,
+    gpu_updated: bool,
+) -> None:
+    """Pinned landing for the host-updated units' gradients: a slot for the vocab-sized units
+    and a ring for the decoder layers, or with `lean_buffers` one slot the size of the largest
+    that every unit's download (and read back from NVMe, for a held gradient) waits its turn
+    for, unless each waits for the norm in its own (`holds_landed_grads`). qwen2.5-14b:
+    1 x 7.79e8 params x 2 B = 1.56 GB, against 3.21 GB."""
+    landed = [u for u in host_updated if unit_params(model, u)]
+    if config.lean_buffers and not config.holds_landed_grads and landed:
+        q = max(unit_params(model, u) for u in landed)
+        terms.add("pinned_grads_shared", Tier.PINNED, 1, q * BF16, "gradient landing (pinned)",
+                  f"1 x {q:.4g} params (the largest unit) x 2 B", role=R.GRAD_LANDING,
+                  units=tuple(landed))  # fmt: skip
+        return
+    n = model.num_layers
+    vocab_landing_terms(terms, model, config, [u for u in host_updated if u in (0, n + 1)])
+    layer_landing_terms(terms, model, config, host_updated, gpu_updated=gpu_updated)
+
+
 def vocab_landing_terms(
     terms: Terms, model: ModelSpec, config: TrainConfig, units: list[int]
 ) -> None:
@@ -102,8 +127,10 @@ def host_weight_terms(terms: Terms, model: ModelSpec, units: list[int]) -> None:
                         role=R.HOST_WEIGHTS)  # fmt: skip
 
 
-# slots of the weight-staging ring: one being cast while the one before it is uploaded
-WEIGHT_RING_SLOTS = 2
+def weight_ring_slots(config: TrainConfig) -> int:
+    """Slots of the weight-staging ring: one being cast while the one before it is uploaded;
+    with `lean_buffers` one, each cast waiting for the upload before it."""
+    return 1 if config.lean_buffers else 2
 
 
 def cast_units(config: TrainConfig, host_updated: list[int]) -> list[int]:
@@ -124,17 +151,20 @@ def master_staging_terms(
     if config.optimizer != "nvme" or not units:
         return
     largest = max(unit_params(model, u) for u in units)
-    stripe, k = -(-largest // drives), WEIGHT_RING_SLOTS * drives
+    slots = weight_ring_slots(config)
+    stripe, k = -(-largest // drives), slots * drives
     terms.add("master_staging", Tier.CPU, k, stripe * FP32, "fp32 master read for a cast",
-              f"{WEIGHT_RING_SLOTS} x {drives} drive stripes of {stripe:.4g} params x 4 B",
+              f"{slots} x {drives} drive stripes of {stripe:.4g} params x 4 B",
               role=R.MASTER_STAGING, units=tuple(units))  # fmt: skip
 
 
-def weight_ring_terms(terms: Terms, model: ModelSpec, units: list[int]) -> None:
+def weight_ring_terms(
+    terms: Terms, model: ModelSpec, config: TrainConfig, units: list[int]
+) -> None:
     """The pinned ring the casts of `units` fill and their uploads read, a slot the size of
     the largest of them (`slide_ir.planning.weight_ring`)."""
     largest = max((unit_params(model, u) for u in units), default=0)
-    k = WEIGHT_RING_SLOTS
+    k = weight_ring_slots(config)
     terms.add("pinned_weight_ring", Tier.PINNED, k, largest * BF16,
               "bf16 weight staging ring (pinned)",
               f"{k} x {largest:.4g} params (the largest unit) x 2 B", role=R.WEIGHT_STAGING, units=tuple(units))  # fmt: skip

@@ -74,10 +74,11 @@ class OptimizerIo:
                              for u in pool.units}  # fmt: skip
 
     def prefetch(self, order: list[int], q: int) -> list[str]:
-        """Emit the reads of order[q] (if not yet) and order[q + 1]; returns order[q]'s reads."""
+        """Emit the reads of order[q] (if not yet) and order[q + 1] (not with `lean_buffers`:
+        its staging slot is order[q]'s); returns order[q]'s reads."""
         if not self.on_nvme and not self.ctx.config.spills_grads:
             return []
-        for u in order[q : q + 2]:
+        for u in order[q : q + (1 if self.ctx.config.lean_buffers else 2)]:
             if u not in self.reads:
                 self._read(u)
         return self.reads[order[q]]

@@ -5,7 +5,7 @@ A pinned copy of every host-updated unit costs 2 B/param of host RAM beside the 
 and moments (145 GB for a 72B model); SlideFormer keeps none. Here a `CAST` on the `cpu` lane
 reads the unit's master once its latest update is done (`Ctx.last_update`: the step's deferred
 update under global clipping too) and writes the weights into a slot of `pinned_weight_ring`
-(`transfer_terms.WEIGHT_RING_SLOTS` slots, each the largest such unit); the unit's `H2D_PARAM`
+(`transfer_terms.weight_ring_slots`, each the largest such unit); the unit's `H2D_PARAM`
 waits for the cast, reads the slot and releases it. The next tenant's cast waits for that release
 (`GraphBuilder` ring reuse), so at most that many casts run ahead of the uploads. Every upload
 casts, the backward's re-uploads too: a cast is 6 B/param on the host (FP32 read, BF16 write)

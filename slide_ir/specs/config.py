@@ -123,6 +123,11 @@ class TrainConfig:
     # pinned CPU landing buffers for downloaded decoder-layer gradients; None: 3, or with
     # resident or streamed units one per host-updated layer (see `transfer_terms.landing_buffers`)
     grad_buffers: int | None = None
+    # one pinned landing slot, one weight-ring slot and one NVMe staging slot per drive, each
+    # shared by every host-updated unit and the size of the largest (SlideFormer's one gradient
+    # and one convert buffer): the least host RAM, each copy waiting for the update or upload
+    # before it. The planner's fallback where nothing else fits (`Placement.lean`)
+    lean_buffers: bool = False
     act_buffers: int = 3  # GPU buffers for layer inputs in flight to/from the CPU
     # units kept whole on the GPU (weights, grads, master, moments; updated there), first in
     # `units.resident_preference` order: a count, or "auto"

@@ -8,7 +8,7 @@ import pytest
 from runs import assert_bitwise_equal, assert_matches_reference, graph_of, run_executor
 
 from slide_ir.ir.graph import PoolRole
-from slide_ir.planning import ledger
+from slide_ir.planning import transfer_terms
 
 CASES = {"sliding": {}, "grad-accum-2": {"grad_accum": 2},
          "cast": {"host_weights": "cast"}, "nvme-moments": {"optimizer": "nvme-moments",
@@ -23,13 +23,13 @@ def _landing_pools(**config: object) -> dict[str, tuple[int, ...]]:
 @pytest.fixture
 def slot_each(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plan the embedding's and the head's landing one unit at a time: a slot each."""
-    shared = ledger.vocab_landing_terms
+    shared = transfer_terms.vocab_landing_terms
 
     def separate(terms, model, config, units):  # type: ignore[no-untyped-def]
         for unit in units:
             shared(terms, model, config, [unit])
 
-    monkeypatch.setattr(ledger, "vocab_landing_terms", separate)
+    monkeypatch.setattr(transfer_terms, "vocab_landing_terms", separate)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -282,6 +282,7 @@ def test_sweep_in_processes_equals_one_process(capsys):
 def test_capacity_shows_host_bytes_per_param_beside_slideformers_rule(capsys):
     from slide_ir import TrainConfig, load_machine, load_model
     from slide_ir.planning.placement import smallest_ledger
+    from slide_ir.planning.slideformer_footprint import slideformer_host_bytes
 
     argv = ["capacity", "--machine", "paper-pc-4090", "--ram-gb", "128", "--optimizer", "cpu",
             "--activations", "cpu"]  # fmt: skip
@@ -295,8 +296,11 @@ def test_capacity_shows_host_bytes_per_param_beside_slideformers_rule(capsys):
     host = smallest_ledger(model, machine, config).peak_bytes("cpu")
     assert place["host_bytes_per_param"] == pytest.approx(host / model.total_params, abs=1e-3)
     assert f"host RAM {host / model.total_params:.1f} B/param" in text
-    rule = 128 * 2**30 / 12 / 1e9  # RAM over SlideFormer's 12 B/param
-    assert f"SlideFormer's rule: 12 B/param in host RAM, 0 on NVMe: {rule:.1f} B params" in text
+    theirs = sum(slideformer_host_bytes(model, config).values()) / model.total_params
+    assert place["slideformer_host_bytes_per_param"] == pytest.approx(theirs, abs=1e-3)
+    assert f"SlideFormer, as its code allocates: {theirs:.1f} B/param for the same model" in text
+    best = load_model(place["slideformer_largest_model"])
+    assert sum(slideformer_host_bytes(best, config).values()) <= 0.95 * 128 * 2**30
 
 
 def _capacity_modes(capsys, *argv):
@@ -313,22 +317,26 @@ def test_capacity_reports_both_moment_precisions_as_modes(capsys):
     assert bf16["largest_model_params"] >= fp32["largest_model_params"]
     for name, fam in bf16["families"].items():
         assert fam["scaled_params"] >= fp32["families"][name]["scaled_params"], name
-    rules = [m["slideformer_host_bytes_per_param"] for m in (fp32, bf16)]
-    assert rules == [12, 8]
+    if fp32["largest_model"] == bf16["largest_model"]:  # SlideFormer's moments: 8 B -> 4 B
+        theirs = [m["slideformer_host_bytes_per_param"] for m in (fp32, bf16)]
+        assert theirs[0] - theirs[1] == pytest.approx(4, abs=2e-3)
     code, text, _ = run(capsys, "capacity", "--machine", "paper-pc-4090", "--optimizer", "cpu",
                         "--activations", "cpu")  # fmt: skip
     assert code == 0
     assert "optimizer on cpu, FP32 moments:" in text and "optimizer on cpu, BF16 moments:" in text
-    assert "(SlideFormer's rule: 8 B/param in host RAM, 0 on NVMe: " in text
+    assert "(SlideFormer, as its code allocates: " in text
 
 
-def test_capacity_moments_flag_picks_one_mode_and_the_nvme_rule_counts_the_drive(capsys):
+def test_capacity_moments_flag_picks_one_mode_and_slideformer_keeps_its_master_in_ram(capsys):
+    """SlideFormer's NVMe tier takes the moments only: with the optimizer on NVMe its answer is
+    its moments-on-NVMe one, and Slide's, with the master on the drive too, a larger model."""
     modes = _capacity_modes(capsys, "--moments", "bf16")
     assert {m for _, m in modes} == {"bf16"}
-    nvme = modes[("nvme", "bf16")]
-    rule = nvme["slideformer_host_bytes_per_param"], nvme["slideformer_nvme_bytes_per_param"]
-    assert rule == (0, 8)
-    assert nvme["slideformer_params"] == round(2000e9 / 8)  # the preset's one 2 TB drive
+    nvme, moments = modes[("nvme", "bf16")], modes[("nvme-moments", "bf16")]
+    assert nvme["slideformer_largest_model"] == moments["slideformer_largest_model"]
+    assert nvme["largest_model_params"] > nvme["slideformer_largest_model_params"]
+    for mode in modes.values():  # the same model at no more host RAM than SlideFormer's
+        assert mode["host_bytes_per_param"] <= mode["slideformer_host_bytes_per_param"]
 
 
 def test_capacity_answers_for_trains_default_clipping_and_clip_changes_it(capsys):

@@ -10,7 +10,7 @@ from slide_ir.ir.graph import OpKind, PoolRole
 from slide_ir.planning.capacity import capacity
 from slide_ir.planning.ledger import build_ledger
 from slide_ir.planning.planner import plan
-from slide_ir.planning.transfer_terms import WEIGHT_RING_SLOTS
+from slide_ir.planning.transfer_terms import weight_ring_slots
 from slide_ir.planning.units import unit_params
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
@@ -47,20 +47,24 @@ def test_state_bytes_per_param_are_the_hand_counts(llama8b, pc, mode, weights) -
 
 
 @pytest.mark.parametrize("optimizer", ["cpu", "nvme-moments", "nvme"])
-def test_the_ring_is_slots_times_the_largest_unit(llama8b, pc, optimizer) -> None:
-    led = build_ledger(llama8b, pc, _config(optimizer=optimizer, host_weights="cast"))
+@pytest.mark.parametrize("lean", [False, True], ids=["two-slots", "lean"])
+def test_the_ring_is_slots_times_the_largest_unit(llama8b, pc, optimizer, lean) -> None:
+    config = _config(optimizer=optimizer, host_weights="cast", lean_buffers=lean)
+    led = build_ledger(llama8b, pc, config)
     (ring,) = [t.pool for t in led.terms if t.pool.role == R.WEIGHT_STAGING]
     largest = max(unit_params(llama8b, u) for u in range(llama8b.num_layers + 2))
+    slots = weight_ring_slots(config)
+    assert slots == (1 if lean else 2)
     assert ring.tier == "pinned" and not ring.static
-    assert ring.bytes == WEIGHT_RING_SLOTS * largest * 2
+    assert ring.bytes == slots * largest * 2
     assert set(ring.units) == set(range(llama8b.num_layers + 2))
     staging = [t.pool for t in led.terms if t.pool.role == R.MASTER_STAGING]
     if optimizer != "nvme":
         assert not staging  # the casts read the master in RAM
         return
     (read,) = staging  # the master read off the one drive, a slot per ring slot
-    assert read.tier == "cpu" and read.slots == WEIGHT_RING_SLOTS
-    assert read.bytes == WEIGHT_RING_SLOTS * largest * 4
+    assert read.tier == "cpu" and read.slots == slots
+    assert read.bytes == slots * largest * 4
 
 
 def test_gpu_updated_units_keep_their_pinned_copy(llama8b, pc) -> None:
