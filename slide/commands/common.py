@@ -111,7 +111,8 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "--lean-buffers",
         action="store_true",
         help="the host's copy buffers one deep, each the size of the largest unit (one "
-        "gradient landing slot, one cast slot, one NVMe staging slot per drive): the least host RAM, "
+        "gradient landing slot, one cast slot, one NVMe staging slot per drive, one for the "
+        "layer inputs on NVMe): the least host RAM, "
         "slower; the planner uses them anyway where nothing else fits [off]",
     )
     parser.add_argument(

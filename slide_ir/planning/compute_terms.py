@@ -113,16 +113,10 @@ def activation_terms(terms: Terms, model: ModelSpec, config: TrainConfig, drives
             f"{n} x {what}",
             role=R.HOST_HIDDEN,
         )
-    else:
-        terms.add(
-            "pinned_act_staging",
-            Tier.PINNED,
-            config.act_buffers,
-            hidden,
-            "activation NVMe staging (pinned)",
-            f"{config.act_buffers} x {what}",
-            role=R.HOST_HIDDEN,
-        )
+    else:  # the staging of the NVMe copies: one slot with `lean_buffers`, each copy in turn
+        k = 1 if config.lean_buffers else config.act_buffers
+        terms.add("pinned_act_staging", Tier.PINNED, k, hidden,
+                  "activation NVMe staging (pinned)", f"{k} x {what}", role=R.HOST_HIDDEN)  # fmt: skip
         for drive, k in enumerate(saved_per_drive(n, drives)):
             if k:
                 terms.add(act_pool(drive), Tier.NVME, k, hidden, "saved layer inputs (NVMe)",

@@ -24,7 +24,11 @@ CASES = {
     "nvme-moments": {"optimizer": "nvme-moments", "streamed": 0},
     "nvme-cast": {"optimizer": "nvme", "streamed": 0, "host_weights": "cast"},
     "zero-offload": {"schedule": "zero-offload"},
-}
+    "lean-nvme-cast": {"optimizer": "nvme", "streamed": 0, "host_weights": "cast",
+                       "lean_buffers": True},
+    "lean-nvme-moments-held": {"optimizer": "nvme-moments", "streamed": 0, "clip": "global",
+                               "held_grads": "nvme", "lean_buffers": True},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
