@@ -93,30 +93,31 @@ GIB = 2**30
 WARN_MEMORY = 0.05  # a host peak this far above the ledger is said: RAM was sized by it
 
 
-@dataclass
-class MemoryPeaks:
-    """The run's peak host RSS (the process's high-water mark, start-up included) and the GPU
-    memory torch reserved at the steps' ends, set against the ledger where the run was planned
-    for this machine (`planned_bytes`; none in CPU mode or for data-parallel ranks)."""
+def memory_summary(
+    placement: dict[str, Any] | None, host_rss: int, gpu_reserved: int
+) -> dict[str, Any]:
+    """The run's peak host RSS (the process's high-water mark, start-up included) and the most
+    GPU memory torch's allocator held (0: no CUDA), each set against the ledger's peak for its
+    tier where the run was planned for this machine (`planned_bytes`; none in CPU mode or for
+    data-parallel ranks)."""
+    planned = (placement or {}).get("planned_bytes") or {}
+    out: dict[str, Any] = {"host_peak_rss_gib": round(host_rss / GIB, 3)}
+    if gpu_reserved:
+        out["gpu_peak_reserved_gib"] = round(gpu_reserved / GIB, 3)
+    for tier, name, measured in (("cpu", "host", host_rss), ("gpu", "gpu", gpu_reserved)):
+        if planned.get(tier) and measured:
+            out[f"{name}_planned_gib"] = round(planned[tier] / GIB, 3)
+            out[f"{name}_vs_plan"] = round(measured / planned[tier] - 1, 4)
+    if planned.get("nvme"):
+        out["nvme_planned_gib"] = round(planned["nvme"] / GIB, 3)
+    return {"memory": out}
 
-    gpu_reserved: int = 0
 
-    def add(self, metrics: dict[str, Any]) -> None:
-        self.gpu_reserved = max(self.gpu_reserved, metrics.get("gpu_reserved_bytes", 0))
+def gpu_peak_reserved_bytes() -> int:
+    """The most GPU memory torch's caching allocator held at once here (0 where CUDA is unused)."""
+    import torch
 
-    def summary(self, placement: dict[str, Any] | None) -> dict[str, Any]:
-        planned = (placement or {}).get("planned_bytes") or {}
-        out: dict[str, Any] = {"host_peak_rss_gib": round(peak_rss_bytes() / GIB, 3)}
-        if self.gpu_reserved:
-            out["gpu_peak_reserved_gib"] = round(self.gpu_reserved / GIB, 3)
-        for tier, name, measured in (("cpu", "host", "host_peak_rss_gib"),
-                                     ("gpu", "gpu", "gpu_peak_reserved_gib")):  # fmt: skip
-            if planned.get(tier) and measured in out:
-                out[f"{name}_planned_gib"] = round(planned[tier] / GIB, 3)
-                out[f"{name}_vs_plan"] = round(out[measured] * GIB / planned[tier] - 1, 4)
-        if planned.get("nvme"):
-            out["nvme_planned_gib"] = round(planned["nvme"] / GIB, 3)
-        return {"memory": out}
+    return int(torch.cuda.max_memory_reserved()) if torch.cuda.is_initialized() else 0
 
 
 def peak_rss_bytes() -> int:
@@ -150,7 +151,6 @@ class Reporter:
     losses: LossStats = field(default_factory=LossStats)
     evals: LossStats = field(default_factory=LossStats)  # the eval losses (`executor.evaluation`)
     clipping: ClipCounts = field(default_factory=ClipCounts)
-    memory: MemoryPeaks = field(default_factory=MemoryPeaks)
 
     def __post_init__(self) -> None:
         from tqdm import tqdm
@@ -177,7 +177,6 @@ class Reporter:
         self.phases.mark("first step end")
         self.losses.add(loss)
         self.clipping.add(metrics)
-        self.memory.add(metrics)
         self.bar.update(1)
         self._postfix(loss=f"{loss:.4f}", tok_s=f"{metrics.get('tokens_per_s', 0):,.0f}")
         row = {"step": step, "loss": loss, "lr": lr, **metrics}
@@ -267,7 +266,7 @@ def finish(
         **against_plan(placement, step_s, nproc, clipped_share(result.meta.get("steady"))),
         "eta": m.eta,
         **reporter.clipping.summary(placement),
-        **reporter.memory.summary(placement),
+        **memory_summary(placement, peak_rss_bytes(), gpu_peak_reserved_bytes()),
         "checkpoint": str(last) if last else None,
         **({"replan": result.meta["replan"]} if "replan" in result.meta else {}),
     }

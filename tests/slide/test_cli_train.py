@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from slide.cli import main
-from slide.train_report import MemoryPeaks, against_plan, memory_warning, peak_rss_bytes
+from slide.train_report import against_plan, memory_summary, memory_warning, peak_rss_bytes
 
 COMMON = ["--device", "cpu", "--batch", "2", "--seq", "32", "--lr", "1e-3", "--lr-schedule",
           "constant", "--no-shuffle", "--no-progress"]  # fmt: skip
@@ -156,17 +156,17 @@ def test_the_summary_sets_the_measured_memory_against_the_ledger(tmp_path, token
     memory = json.loads(stdout)["memory"]
     assert code == 0 and set(memory) == {"host_peak_rss_gib"}
     assert 0.1 < memory["host_peak_rss_gib"] <= peak_rss_bytes() / 2**30 + 0.001  # rounded
-    peaks = MemoryPeaks()
-    for reserved in (3 * 2**30, 5 * 2**30, 4 * 2**30):
-        peaks.add({"gpu_reserved_bytes": reserved})
-    host = peak_rss_bytes()
+    host, gpu = 30 * 2**30, 5 * 2**30
     planned = {"cpu": host * 2, "gpu": 4 * 2**30, "nvme": 0}
-    got = peaks.summary({"planned_bytes": planned})["memory"]
+    got = memory_summary({"planned_bytes": planned}, host, gpu)["memory"]
     assert got["gpu_peak_reserved_gib"] == 5.0 and got["gpu_vs_plan"] == 0.25
-    assert got["host_vs_plan"] == pytest.approx(-0.5, abs=1e-3) and "nvme_planned_gib" not in got
+    assert got["host_vs_plan"] == -0.5 and "nvme_planned_gib" not in got
     assert memory_warning({"memory": got}) is None
-    over = peaks.summary({"planned_bytes": {**planned, "cpu": host // 2}})
-    assert "above the" in (memory_warning(over) or "")
+    over = memory_summary({"planned_bytes": {**planned, "cpu": host // 2}}, host, gpu)
+    assert "the host's peak RSS was 30.0 GiB, 100.0% above the 15.0 GiB" in (
+        memory_warning(over) or ""
+    )
+    assert set(memory_summary(None, host, 0)["memory"]) == {"host_peak_rss_gib"}
 
 
 def test_a_speculated_prediction_mixes_kept_and_rolled_back_steps_at_the_measured_share():
