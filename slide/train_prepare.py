@@ -129,8 +129,9 @@ def _saved_plan(path: str | None) -> Plan | None:
 
 def resolve_machine(req: TrainRequest, device: torch.device, shape: str | None = None) -> Machine:
     """`auto`: this host, measured once and cached (`slide.calibration.auto_machine`), re-fit
-    to earlier runs of `shape`; else a catalog name or a .toml profile. `--ram-gb` and `--nvme`
-    override either."""
+    to earlier runs of `shape`, each `--nvme-dir`'s drive measured; else a catalog name or a
+    .toml profile. `--ram-gb` and `--nvme` override either."""
     from slide.calibration.auto_machine import resolve
 
-    return resolve(req.machine, device, ram_gb=req.ram_gb, nvme=req.nvme, shape=shape)
+    return resolve(req.machine, device, ram_gb=req.ram_gb, nvme=req.nvme, shape=shape,
+                   nvme_dirs=req.nvme_dirs)  # fmt: skip

@@ -198,7 +198,8 @@ def this_host(args: argparse.Namespace) -> Machine:
         )
     from slide.calibration.auto_machine import resolve
 
-    return resolve("auto", torch.device("cuda"), ram_gb=args.ram_gb, nvme=drive_count(args))
+    return resolve("auto", torch.device("cuda"), ram_gb=args.ram_gb, nvme=drive_count(args),
+                   nvme_dirs=nvme_dirs(args))  # fmt: skip
 
 
 def drive_count(args: argparse.Namespace) -> int | None:

@@ -280,3 +280,33 @@ def test_the_host_curves_grids_hold_the_whole_unit_runs_as_points(probes):
     assert machine.cpu.adam_grid == " ".join([ADAM_GRID.text, *runs])
     assert "each size" not in machine.source("cpu.adam_grid")  # the fake's own note
     assert "whole unit" in machine.source("cpu.adam_grid")
+
+
+def test_each_nvme_dir_drive_is_measured_once_and_planned_with(probes, monkeypatch, tmp_path):
+    """`--machine auto --nvme-dir D`: D's drive at its measured rates (not a catalog drive's
+    datasheet), measured the first time its filesystem is seen and read back after; its free
+    space is read each time. Two directories on one filesystem are two drives of that kind."""
+    calls = []
+    real = host_rate_probes.nvme_rates
+
+    def counted(directory, *args):
+        calls.append(directory)
+        return real(directory, *args)
+
+    monkeypatch.setattr(host_rate_probes, "nvme_rates", counted)
+    monkeypatch.setattr(
+        auto_machine, "auto_machine", lambda device, **kw: load_machine("h200-16c-128g")
+    )
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        d.mkdir()
+    machine = auto_machine.resolve("auto", CUDA, nvme_dirs=[str(d) for d in dirs])
+    assert len(calls) == 1 and auto_machine.drive_cache_path(dirs[0]).exists()
+    assert [(d.read_bytes_per_s, d.write_bytes_per_s) for d in machine.nvme] == [(7e9, 6e9)] * 2
+    assert machine.nvme[0].read_grid == NVME_GRID.text and not machine.nvme[0].gds
+    source = dict(machine.sources)["nvme[1].read_gb_per_s"]
+    assert source.startswith(f"measured: {dirs[0]}") and "fake probe" in source
+    again = auto_machine.resolve("auto", CUDA, nvme_dirs=[str(dirs[1])])
+    assert len(calls) == 1 and again.nvme == machine.nvme[:1]
+    cpu_mode = auto_machine.resolve("auto", torch.device("cpu"), nvme=1, nvme_dirs=[str(dirs[0])])
+    assert len(calls) == 1 and cpu_mode.nvme[0].name != "measured-drive"
