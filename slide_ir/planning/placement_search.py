@@ -170,8 +170,7 @@ class PlacementSearch:
     def anything_fits(self) -> bool:
         """Whether the search would find a placement that fits (ledgers only, no timing)."""
         depths = {self.config.cache_depth, 2} if self.free_depth else {self.config.cache_depth}
-        small = (*self.floors(), self.leanest(), *map(self.legacy, self.acts))
-        if any(self.fits(p) for p in small):
+        if any(self.fits(p) for p in (*self.floors(), *map(self.legacy, self.acts))):
             return True
         if not self.free_resident:
             return any(self.fits(self.base(a, d)) for a in self.acts for d in depths)
@@ -273,7 +272,7 @@ class PlacementSearch:
         """Every tier fits; the GPU also under the budget, unless `p` is the smallest placement
         (at the default depth, or with two cache units when the depth is free): nothing chosen
         adds to the GPU, so it is judged like a pinned plan, as before this search."""
-        return self.feasible(p) and (replace(p, lean=False) in self.floors() or self.gpu_fits(p))
+        return self.feasible(p) and (p in self.floors() or self.gpu_fits(p))
 
     def leanest(self) -> Placement:
         """The smallest placement with the host's copy buffers one deep: the planner's last
@@ -286,8 +285,11 @@ class PlacementSearch:
         return lean if not self.feasible(small) and self.feasible(lean) else small
 
     def floors(self) -> set[Placement]:
+        """The smallest placement, with two cache units too when the depth is free, each with
+        the copy buffers as asked and one deep (the GPU holds the same either way)."""
         small = self.smallest()
-        return {small, replace(small, cache_units=2)} if self.free_depth else {small}
+        depths = {small, replace(small, cache_units=2)} if self.free_depth else {small}
+        return {replace(p, lean=lean) for p in depths for lean in (False, True)}
 
     def config_of(self, p: Placement) -> TrainConfig:
         return replace(

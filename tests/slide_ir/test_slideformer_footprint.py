@@ -73,3 +73,16 @@ def test_the_planner_falls_back_to_lean_buffers_where_only_they_fit() -> None:
     short = load_machine("paper-pc-4090", ram_gb=(lean - 0.5 * GIB) / 0.95 / GIB)
     assert not plan_fits(model, short, config)
     assert not plan(model, short, config).ledger.feasible
+
+
+def test_lean_buffers_asked_for_are_kept_by_the_search_and_judged_as_a_floor() -> None:
+    """`--lean-buffers` on a machine where everything fits: every candidate the search times is
+    lean, and the smallest lean placement fits like the smallest one (the GPU holds the same)."""
+    model, machine = load_model("llama-3.2-3b"), load_machine("paper-pc-4090")
+    config = TrainConfig(batch=16, seq=1024, clip="none", steps=1, lean_buffers=True)
+    p = plan(model, machine, config)
+    assert p.choice is not None and p.ledger.feasible
+    assert all(c.placement.lean for c in p.choice.considered) and p.config.lean_buffers
+    small = plan(model, machine, TrainConfig(batch=16, seq=1024, clip="none", steps=1,
+                                             lean_buffers=True, placement="small"))  # fmt: skip
+    assert small.choice is not None and small.choice.chosen.lean and small.ledger.feasible
