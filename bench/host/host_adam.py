@@ -7,7 +7,8 @@ Per unit size (a llama-3.2-3b decoder layer, 100.7M elements, and a smaller 8M-e
 moments dtype (FP32, BF16) and thread count (1 and all of torch's intra-op threads), it prints
 the median elements/s over `REPEATS` updates after a warm-up, and bytes per element:
 - `min B/el`: what one pass must move: BF16 gradient and copy (2 + 2), FP32 master read and
-  written (8), moments read and written (16 FP32, 8 BF16): 28 or 20;
+  written (8), moments read and written (16 FP32, 8 BF16): 28 or 20; the `save` path (a
+  speculative update, the state copied for a rollback by streaming stores) writes 12 or 8 more;
 - `path B/el`: what the path moves through the memory system, counting its scratch passes (the
   torch path's FP32 gradient copy, its moment upcasts and casts, the re-read of master for the
   cast; 40 or 64); its chunks are cache-sized, so part of that stays in cache;
@@ -76,18 +77,23 @@ def stream_rate(n: int, threads: int) -> float:
 
 
 def paths(n: int, moments: torch.dtype) -> dict[str, Update]:
-    """Both updates of one unit, on the same buffers."""
+    """The updates of one unit, on the same buffers: the kernel, the kernel saving the state
+    for a rollback (a speculative update), the torch path."""
     layout, (grad, parts, out) = unit(n), buffers(n, moments)
     scratch = HostScratch(bf16_moments=moments == torch.bfloat16)
+    saved = OptState(master=torch.empty(n), m=torch.empty(n, dtype=moments),
+                     v=torch.empty(n, dtype=moments))  # fmt: skip
     return {
         "kernel": lambda: adam.update_host(layout, grad, parts, out, HP, scratch),
+        "save": lambda: adam.update_host(layout, grad, parts, out, HP, scratch, saved),
         "torch": lambda: adam.update_host_torch(layout, grad, parts, out, HP, scratch),
     }
 
 
 def row(n: int, moments: torch.dtype, threads: int, name: str, rate: float, speedup: float) -> None:
-    least = MIN_BYTES[moments]
-    moved = least if name == "kernel" else TORCH_PATH_BYTES[moments]
+    saved = 4 + 2 * moments.itemsize if name == "save" else 0  # the copy's writes
+    least = MIN_BYTES[moments] + saved
+    moved = least if name != "torch" else TORCH_PATH_BYTES[moments]
     print(
         f"{n:>11,} {str(moments)[6:]:>8} {threads:>3} {name:>6} {rate / 1e6:>8.1f} {least:>8} "
         f"{moved:>9} {rate * least / 1e9:>6.2f} {n / rate * 1e3:>8.1f} {speedup:>6.2f}x"

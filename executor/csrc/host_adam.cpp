@@ -30,6 +30,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -98,17 +101,54 @@ struct Saved {
   M* v = nullptr;
 };
 
+// The saved state is read again only on a rollback, so its copy bypasses the cache: streaming
+// (non-temporal) stores, which also skip the read a plain store of a line not in cache makes
+// first (the save's 12 B/element with FP32 moments would move 24). Unaligned ends go by memcpy;
+// the caller fences (`_mm_sfence`) once its block is written. Without AVX2, a plain memcpy.
+#if defined(__AVX512F__)
+constexpr int64_t kStreamBytes = 64;
+#elif defined(__AVX2__)
+constexpr int64_t kStreamBytes = 32;
+#else
+constexpr int64_t kStreamBytes = 0;
+#endif
+
+inline void stream_copy(void* dst, const void* src, int64_t bytes) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if constexpr (kStreamBytes > 0) {
+    const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(d) % kStreamBytes);
+    const int64_t head = std::min<int64_t>(bytes, (kStreamBytes - misaligned) % kStreamBytes);
+    std::memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    for (; bytes >= kStreamBytes; d += kStreamBytes, s += kStreamBytes, bytes -= kStreamBytes) {
+#if defined(__AVX512F__)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_loadu_si512(s));
+#elif defined(__AVX2__)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+#endif
+    }
+  }
+  std::memcpy(d, s, bytes);
+}
+
+inline void stream_fence() {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  _mm_sfence();
+#endif
+}
+
+// A speculative update saves and updates a tile at a time: the tile's state, read for the copy,
+// is still in cache when the update reads it.
+constexpr int64_t kSaveTile = 2048;
+
 // kLowWeight: w < 0.5, lerp as m + w * (g - m); else g + (w - 1) * (g - m) (as at::vec lerp).
-template <bool kLowWeight, bool kSave, typename G, typename M, typename O>
-void update_range(const G* __restrict g, float* __restrict p, M* __restrict m,
-                  M* __restrict v, O* __restrict out, Saved<M> saved, int64_t n, Coefs c) {
+template <bool kLowWeight, typename G, typename M, typename O>
+void update_elements(const G* __restrict g, float* __restrict p, M* __restrict m,
+                     M* __restrict v, O* __restrict out, int64_t n, Coefs c) {
   const float wc = kLowWeight ? c.w : c.w - 1.0f;
   for (int64_t i = 0; i < n; ++i) {
-    if constexpr (kSave) {
-      saved.p[i] = p[i];
-      saved.m[i] = m[i];
-      saved.v[i] = v[i];
-    }
     const float gi = load(g[i]) * c.scale;
     const float pi = p[i] * c.decay;
     const float mi0 = load(m[i]);
@@ -120,6 +160,23 @@ void update_range(const G* __restrict g, float* __restrict p, M* __restrict m,
     store(m + i, mi);
     store(v + i, vi);
     if constexpr (!std::is_same_v<O, NoOut>) store(out + i, pn);
+  }
+}
+
+template <bool kLowWeight, bool kSave, typename G, typename M, typename O>
+void update_range(const G* g, float* p, M* m, M* v, O* out, Saved<M> saved, int64_t n,
+                  Coefs c) {
+  if constexpr (!kSave) {
+    update_elements<kLowWeight>(g, p, m, v, out, n, c);
+  } else {
+    for (int64_t lo = 0; lo < n; lo += kSaveTile) {
+      const int64_t k = std::min(kSaveTile, n - lo);
+      stream_copy(saved.p + lo, p + lo, k * static_cast<int64_t>(sizeof(float)));
+      stream_copy(saved.m + lo, m + lo, k * static_cast<int64_t>(sizeof(M)));
+      stream_copy(saved.v + lo, v + lo, k * static_cast<int64_t>(sizeof(M)));
+      update_elements<kLowWeight>(g + lo, p + lo, m + lo, v + lo, out ? out + lo : nullptr, k, c);
+    }
+    stream_fence();
   }
 }
 

@@ -290,3 +290,36 @@ def test_a_bf16_host_norm_is_summed_in_double_by_the_kernel() -> None:
     norm = adam.fp32_norm(g)
     assert norm.dtype == torch.float32 and norm.item() == pytest.approx(math.sqrt(exact), rel=1e-7)
     assert torch.equal(adam.fp32_norm(g.float()), torch.linalg.vector_norm(g.float()))
+
+
+@pytest.mark.parametrize("moments", [torch.float32, torch.bfloat16], ids=["m32", "m16"])
+@pytest.mark.parametrize("offset", [0, 1, 3, 16])
+def test_a_saving_update_keeps_the_old_state_and_updates_bitwise_as_one_without(
+    moments: torch.dtype, offset: int
+) -> None:
+    """A speculative update copies the state as it was into the rollback buffers (streaming
+    stores, from any alignment: the buffers here start `offset` elements into their storage)
+    and leaves master, moments and copy bitwise as an update that saves nothing."""
+    n = 100_003  # several save tiles and thread blocks, an odd tail
+    gen = torch.Generator().manual_seed(offset)
+    p0, g = torch.randn(n, generator=gen), torch.randn(n, generator=gen).bfloat16()
+    m0 = (torch.randn(n, generator=gen) * 1e-3).to(moments)
+    v0 = (torch.rand(n, generator=gen) * 1e-6).to(moments)
+
+    def at_offset(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(n + offset, dtype=t.dtype)[offset:].copy_(t)
+
+    runs = []
+    for save in (False, True):
+        master, m, v = at_offset(p0), at_offset(m0), at_offset(v0)
+        out = torch.empty(n, dtype=torch.bfloat16)
+        saved = OptState(master=at_offset(torch.full_like(p0, 7)),
+                         m=at_offset(torch.full_like(m0, 7)), v=at_offset(torch.full_like(v0, 7)))  # fmt: skip
+        host_adam.adamw_(g, master, m, v, out, step=3, lr=LR, betas=BETAS, eps=EPS,
+                         weight_decay=0.1, saved=saved if save else None)  # fmt: skip
+        runs.append(((master, m, v, out), saved))
+    (plain, _), (saving, saved) = runs
+    for a, b in zip(plain, saving, strict=True):
+        assert torch.equal(a, b)
+    for got, want in zip((saved.master, saved.m, saved.v), (p0, m0, v0), strict=True):
+        assert torch.equal(got, want)
