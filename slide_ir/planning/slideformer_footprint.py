@@ -38,8 +38,7 @@ def slideformer_host_bytes(model: ModelSpec, config: TrainConfig) -> dict[str, i
     """SlideFormer's host bytes per term for `config`'s optimizer placement ("cpu": nothing on
     NVMe; "nvme-moments" and "nvme", which it cannot place: its moments all on NVMe),
     moment precision and activation placement ("nvme": `ac_offload_nvme`)."""
-    n, p = model.num_layers, model.total_params
-    moment = 2 * (FP32 if config.moments_dtype == "fp32" else BF16)
+    n, p, moment = model.num_layers, model.total_params, config.moment_bytes
     largest = max(model.embedding_params, model.layer_params,
                   model.final_norm_params + model.vocab_size * model.hidden_size)  # fmt: skip
     on_nvme = config.optimizer != "cpu"
@@ -49,8 +48,7 @@ def slideformer_host_bytes(model: ModelSpec, config: TrainConfig) -> dict[str, i
         "gradient buffer": largest * BF16,
         "convert buffer": largest * BF16,
         "tied gradient accumulator": model.embedding_params * BF16 if model.tied_embeddings else 0,
-        "layer inputs": 0 if config.activations == "nvme"
-        else n * config.batch * config.seq * model.hidden_size * BF16,
+        "layer inputs": 0 if config.activations == "nvme" else _layer_inputs(model, config),
         "moments in flight": sum(unit_params(model, u) for u in (0, n + 1, 1)) * moment
         if on_nvme else 0,
         "process runtime": HOST_RUNTIME_BYTES,
@@ -61,10 +59,13 @@ def slideformer_host_bytes(model: ModelSpec, config: TrainConfig) -> dict[str, i
 def slideformer_nvme_bytes(model: ModelSpec, config: TrainConfig) -> int:
     """What SlideFormer puts on NVMe: every moment with the optimizer off the host, the layer
     inputs with them on a drive."""
-    moment = 2 * (FP32 if config.moments_dtype == "fp32" else BF16)
-    moments = model.total_params * moment if config.optimizer != "cpu" else 0
-    inputs = model.num_layers * config.batch * config.seq * model.hidden_size * BF16
-    return moments + (inputs if config.activations == "nvme" else 0)
+    moments = model.total_params * config.moment_bytes if config.optimizer != "cpu" else 0
+    return moments + (_layer_inputs(model, config) if config.activations == "nvme" else 0)
+
+
+def _layer_inputs(model: ModelSpec, config: TrainConfig) -> int:
+    """One BF16 (batch, seq, hidden) input per decoder layer."""
+    return model.num_layers * config.batch * config.seq * model.hidden_size * BF16
 
 
 def slideformer_capacity(
