@@ -10,7 +10,8 @@ the device: resident, ZeRO-offload, gpu-only), `devopt.{u}` (its device FP32 mas
 landing). `Buffers.key(value, unit)` finds an op's value: its slot, or the unit's key there. A
 streamed unit's GPU slot is an `OptState` sized to its pool's largest unit, with its FP32
 gradient scratch beside it under `<slot>.grad`. A pool's bytes per element say its dtype: 4 is
-FP32, 2 (the ledger's BF16) the compute dtype (FP32 in CPU tests: twice the bytes). The GPU
+FP32, 2 (the ledger's BF16) the compute dtype (FP32 in CPU tests: twice the bytes); a pool whose
+slot is one array (hidden states, a micro-batch's tokens, a step's loss) has it as `Pool.shape`. The GPU
 workspace is not pre-allocated by hand: autograd and the LCE kernel take it from torch's caching
 allocator on step 1 and reuse the same segments afterwards (the GPU test checks it stays flat).
 """
@@ -18,13 +19,15 @@ allocator on step 1 and reuse the same segments afterwards (the GPU test checks 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from executor.host_memory import HostMemory, host_empty
 from executor.layout import Shard, UnitLayout
+from executor.staging import TokenSlot
 from slide_ir.ir.graph import Dtype, Graph, Pool, PoolRole, Tier, Value
 from slide_ir.specs.model import ModelSpec
 
@@ -71,11 +74,9 @@ class Setup:
     device: torch.device
     dtype: torch.dtype  # compute dtype of weights, grads, activations
     moments_dtype: torch.dtype
-    hidden_shape: tuple[int, int, int]  # (B, S, H)
     pin: bool  # pinned host memory (CUDA only)
     stripes: int  # NVMe drives the optimizer state is striped over (0: none)
     opt_on_nvme: tuple[str, ...] = ()  # which of "master", "moments" live on NVMe
-    documents: bool = False  # packed documents: the tokens slot holds their positions too
 
 
 @dataclass(kw_only=True)
@@ -135,6 +136,12 @@ class Buffers:
         assert isinstance(item, Tokens), v
         return item
 
+    def fed(self, v: Value) -> TokenSlot:
+        """The host slot a micro-batch was staged in (`Role.FEED`)."""
+        item = self.items[v.slot]
+        assert isinstance(item, TokenSlot), v
+        return item
+
 
 def _dev(s: Setup, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(numel, dtype=dtype, device=s.device)
@@ -185,7 +192,7 @@ class _Allocator:
     def dtype(self, pool: Pool) -> torch.dtype:
         """The torch dtype of the pool's elements (`vocab.Dtype`)."""
         dtypes = {Dtype.COMPUTE: self.s.dtype, Dtype.FP32: torch.float32,
-                  Dtype.MOMENTS: self.s.moments_dtype}  # fmt: skip
+                  Dtype.MOMENTS: self.s.moments_dtype, Dtype.INT64: torch.int64}  # fmt: skip
         if pool.dtype not in dtypes:
             raise ValueError(f"pool {pool.name!r} ({pool.role}) names no element dtype")
         return dtypes[pool.dtype]
@@ -193,27 +200,47 @@ class _Allocator:
     def skip(self, pool: Pool) -> None:
         """Accounting only, torch's workspaces, NVMe regions (files: see `nvme`)."""
 
-    # -- tokens and hidden states ---------------------------------------------------------------
+    # -- tokens, losses and hidden states ------------------------------------------------------
+    def shaped(self, pool: Pool) -> tuple[int, ...]:
+        if not pool.shape:
+            raise ValueError(f"pool {pool.name!r} ({pool.role}) names no slot shape")
+        return pool.shape
+
+    def slot_array(self, pool: Pool) -> torch.Tensor:
+        """One slot's array of `pool` (`Pool.shape`, `Pool.dtype`) on its tier; aligned on the
+        host, for the NVMe lanes' O_DIRECT."""
+        shape, dtype = self.shaped(pool), self.dtype(pool)
+        if pool.tier == Tier.GPU:
+            return torch.zeros(shape, dtype=dtype, device=self.s.device)
+        return self.host(pool, math.prod(shape), dtype, aligned=True).view(shape)
+
     def tokens(self, pool: Pool) -> None:
-        b, seq, _ = self.s.hidden_shape
-        documents = self.s.documents
-
-        def zeros() -> torch.Tensor:
-            return torch.zeros((b, seq), dtype=torch.int64, device=self.s.device)
-
+        """The micro-batch on the device: (fields, B, S), ids and labels (and positions)."""
         for key in pool.slot_ids():
-            tokens = Tokens(ids=zeros(), labels=zeros(), positions=zeros() if documents else None)
-            self.put(pool, key, tokens, (3 if documents else 2) * b * seq * 8)
+            t = self.slot_array(pool)
+            tokens = Tokens(ids=t[0], labels=t[1], positions=t[2] if len(t) > 2 else None)
+            self.put(pool, key, tokens, t.numel() * t.element_size())
+
+    def host_tokens(self, pool: Pool) -> None:
+        """The slots the driver stages micro-batches in, each with the event of its upload."""
+        for key in pool.slot_ids():
+            t = self.slot_array(pool)
+            event = torch.cuda.Event() if self.s.pin else None
+            fed = TokenSlot(ids=t[0], labels=t[1], positions=t[2] if len(t) > 2 else None,
+                            uploaded=event)  # fmt: skip
+            self.put(pool, key, fed, t.numel() * t.element_size())
+
+    def losses(self, pool: Pool) -> None:
+        """A step's loss per slot: views of one array, zeroed."""
+        numel = math.prod(self.shaped(pool))
+        whole = self.slot_array(replace(pool, shape=(pool.slots * numel,)))
+        for i, key in enumerate(pool.slot_ids()):
+            self.put(pool, key, whole[i * numel : (i + 1) * numel], numel * whole.element_size())
 
     def hidden(self, pool: Pool) -> None:
-        b, seq, h = self.s.hidden_shape
-        size = self.s.dtype.itemsize * b * seq * h
         for key in pool.slot_ids():
-            if pool.tier == Tier.GPU:
-                t = torch.empty((b, seq, h), dtype=self.s.dtype, device=self.s.device)
-            else:  # pinned saved inputs or the NVMe staging of activations
-                t = self.host(pool, b * seq * h, self.s.dtype, aligned=True).view(b, seq, h)
-            self.put(pool, key, t, size)
+            t = self.slot_array(pool)
+            self.put(pool, key, t, t.numel() * t.element_size())
 
     # -- weights and gradients ----------------------------------------------------------------
     def unit_slots(self, pool: Pool) -> None:
@@ -329,6 +356,9 @@ ALLOCATORS: dict[PoolRole, Callable[[_Allocator, Pool], None]] = {
     R.WORKSPACE: _Allocator.skip,
     R.TAPE: _Allocator.skip,
     R.TOKENS: _Allocator.tokens,
+    R.HOST_TOKENS: _Allocator.host_tokens,
+    R.LOSSES: _Allocator.losses,
+    R.HOST_LOSSES: _Allocator.losses,
     R.HIDDEN: _Allocator.hidden,
     R.HIDDEN_GRAD: _Allocator.hidden,
     R.HOST_HIDDEN: _Allocator.hidden,

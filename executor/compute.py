@@ -4,13 +4,13 @@ They run inside the lane's stream context (CUDA) or synchronously (CPU mode) and
 operands from the op's values, in the order `OpKind` documents for the kind:
 
     FWD        reads (weights, input x)          writes (output x[, tape])
-    FWD (0)    reads (weights)                   writes (output x, tokens)
+    FWD (0)    reads (weights, fed tokens)       writes (output x, tokens)
     RECOMPUTE  reads (weights, input x)          writes (tape)
     BWD        reads (weights, tape, output dx)  writes (grads, input dx)
     BWD (0)    reads (weights, tokens, dx)       writes (grads)
     LOSS       reads (weights, x, tokens[, tied embedding weights])
-               writes (grads, dx[, tied embedding grads])
-    EVAL_LOSS  reads (weights, x, tokens[, tied embedding weights])   writes nothing
+               writes (grads, dx[, tied embedding grads], loss[, host loss])
+    EVAL_LOSS  reads (weights, x, tokens[, tied embedding weights])   writes (loss, host loss)
     GPU_ADAM   reads (grads, state)              writes (weights, state)
 
 Parameter gradients are accumulated by autograd straight into the unit's gradient buffer: each
@@ -55,14 +55,16 @@ def fwd(env: Env, lane: LaneState, op: Op) -> None:
     with torch.no_grad():
         if staged is not None:  # the embedding: this micro-batch's tokens go up first
             batch = env.take_batch(op.step, op.micro)
-            tokens = env.buffers.tokens(staged)
-            tokens.ids.copy_(batch.tokens.ids, non_blocking=True)
-            tokens.labels.copy_(batch.tokens.labels, non_blocking=True)
+            fed = op.read_as(Role.FEED)
+            assert fed is not None, f"{op.id}: the embedding's forward reads the staged tokens"
+            host, tokens = env.buffers.fed(fed), env.buffers.tokens(staged)
+            tokens.ids.copy_(host.ids, non_blocking=True)
+            tokens.labels.copy_(host.labels, non_blocking=True)
             if tokens.positions is not None:
-                assert batch.tokens.positions is not None
-                tokens.positions.copy_(batch.tokens.positions, non_blocking=True)
+                assert host.positions is not None
+                tokens.positions.copy_(host.positions, non_blocking=True)
                 lane.rope = layers.document_rope(env.spec, tokens.positions, env.dtype)
-            batch.tokens.mark_uploaded()
+            host.mark_uploaded()
             tokens.scale = batch.scale
             layers.embed(tokens.ids, views["embed.w"], out)
         elif tape is not None:
@@ -158,10 +160,21 @@ def loss(env: Env, lane: LaneState, op: Op) -> None:
             chunk=env.lce_chunk,
         )
     value.backward(inputs=[x, norm, lm])
-    total = env.loss_dev[op.step - 1]
-    total += value.detach()
-    if op.micro == env.grad_accum - 1:
-        env.loss_host[op.step - 1].copy_(total, non_blocking=True)
+    _record_loss(env, op, value.detach())
+
+
+def _record_loss(env: Env, op: Op, value: torch.Tensor) -> None:
+    """Into the step's loss (added to it after the step's first micro-batch), and at its last
+    micro-batch into the host copy the driver reports."""
+    loss, host = op.written_as(Role.LOSS), op.written_as(Role.HOST_LOSS)
+    assert loss is not None, f"{op.id}: a loss op writes the step's loss"
+    total = env.buffers.tensor(loss.slot)
+    if loss.accumulate:
+        total += value
+    else:
+        total.copy_(value)
+    if host is not None:
+        env.buffers.tensor(host.slot).copy_(total, non_blocking=True)
 
 
 def eval_loss(env: Env, lane: LaneState, op: Op) -> None:
@@ -185,9 +198,7 @@ def eval_loss(env: Env, lane: LaneState, op: Op) -> None:
             scale=tokens.scale,
             chunk=env.lce_chunk,
         )
-    total = env.loss_dev[op.step - 1]
-    total.copy_(value)
-    env.loss_host[op.step - 1].copy_(total, non_blocking=True)
+    _record_loss(env, op, value)
 
 
 def gpu_adam(env: Env, lane: LaneState, op: Op) -> None:

@@ -22,7 +22,7 @@ from executor.layers import Rope
 from executor.layout import Shard, UnitLayout
 from executor.nvme import NvmeStore, StripeFormat
 from executor.ranks import Ranks
-from executor.staging import TokenSlot, TokenStaging
+from executor.staging import TokenStaging
 from executor.tape import Tape
 from slide_ir.ir.graph import Op, PoolRole, Value
 from slide_ir.specs.model import ModelSpec
@@ -34,7 +34,6 @@ _POLL_S = 0.05
 class MicroBatch:
     step: int
     micro: int
-    tokens: TokenSlot  # its ids and labels (-100 = ignored), in the engine's staging ring
     scale: float  # 1 / labelled tokens of the whole step: micro-batch losses sum to its mean
 
 
@@ -52,12 +51,9 @@ class Env:
     step_offset: int  # optimizer steps done before this run (resume)
     total_steps: int  # horizon of the lr schedule
     lce_chunk: int | None
-    grad_accum: int  # micro-batches per step: the last one copies the step's loss to the host
-    loss_dev: torch.Tensor  # (steps,) fp32 on the device: the step's mean loss accumulates here
-    loss_host: torch.Tensor  # (steps,) fp32 host (pinned on CUDA): copied at the last micro-batch
     step_t: torch.Tensor  # device step counter for the fused device AdamW
     abort: threading.Event
-    act_bytes: int  # bytes of one saved activation (B x S x H at the compute dtype)
+    act_bytes: int  # bytes of one saved layer input (its pool's slot shape, compute dtype)
     moments_bf16: bool = False
     clip_norm: float | None = None  # per-unit gradient clipping, from the plan's TrainConfig
     global_clip_norm: float = 0.0  # global clipping's max norm (`clipping`; 0: none)
@@ -65,7 +61,7 @@ class Env:
     grad_norms: dict[int, float] = field(default_factory=dict)  # global step -> its norm
     # global steps whose norm clipped or was not finite: where speculated updates rolled back
     clipped: set[int] = field(default_factory=set)
-    staging: TokenStaging  # host slots the main thread stages micro-batches' tokens in
+    staging: TokenStaging  # the host token slots the main thread stages micro-batches in
     batches: queue.Queue[MicroBatch] = field(default_factory=queue.Queue)
     nvme: NvmeStore | None = None
     stripes: StripeFormat | None = None

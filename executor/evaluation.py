@@ -77,13 +77,14 @@ class Evaluator:
             if n in self.ran:
                 shared.rerun()
             self.ran.add(n)
-            tokens += self._feed(data, 1)
+            tokens += self._feed(data, shared, 1)
             lanes.run(shared)
+            ahead = shared.graph.info.feed_ahead
             for step in range(1, n + 1):
-                if step < n:
-                    tokens += self._feed(data, step + 1)
+                for later in range(step + 1, min(step + ahead, n) + 1):
+                    tokens += self._feed(data, shared, later)
                 interrupted |= _wait(shared, step, interrupts)
-                total += float(self.env.loss_host[step - 1])
+                total += float(self.env.buffers.tensor(shared.host_losses[step]))
             if self.env.cuda:
                 torch.cuda.synchronize(self.env.device)
             done += n
@@ -95,9 +96,10 @@ class Evaluator:
             self.ev.on_eval(global_step, total / tokens, figures)
         return interrupted
 
-    def _feed(self, data: Batches, step: int) -> int:
-        """Stage eval batch `step` of the pass; its labelled tokens."""
-        info = next(iter(self.program.evaluation.values())).info
+    def _feed(self, data: Batches, shared: Shared, step: int) -> int:
+        """Stage eval batch `step` of the pass in the host slot its graph names; its labelled
+        tokens."""
+        info = shared.graph.info
         try:
             batch = next(data)
         except StopIteration:
@@ -105,8 +107,8 @@ class Evaluator:
                 f"the eval data ran out before its {self.ev.batches} batches"
             ) from None
         check_batch(batch, (info.batch, info.seq), self.env.staging.documents, "eval")
-        slot = self.env.staging.stage(*batch)
-        self.env.batches.put(MicroBatch(step=step, micro=0, tokens=slot, scale=1.0))
+        self.env.staging.stage(shared.fed[(step, 0)], *batch)
+        self.env.batches.put(MicroBatch(step=step, micro=0, scale=1.0))
         labels = batch[1]
         return int((labels != IGNORE_INDEX).sum())
 

@@ -161,7 +161,6 @@ class Driver:
         """One pass over the graph; False when the run stopped inside it."""
         env, pr = self.built.env, self.progress
         env.step_offset = self.start_step + pr.done
-        env.loss_dev.zero_()
         pr.recorder.offset = pr.done
         rep = Repetition(self, shared, n)
         rep.feed()

@@ -1,8 +1,8 @@
 """One pass over the Program's graph (its n steps, numbered 1..n in its ops), on the main
 thread: feed the micro-batches, wait for each step, report it, save inside the pass.
 
-Feed step s+1, wait for step s, report it. Feeding one step ahead keeps the lanes busy across
-the step boundary; stopping (on_step returned True, Ctrl-C) stops feeding, so the state after
+Feed step s+1 (the graph's feed window, `GraphInfo.feed_ahead`), wait for step s, report it.
+Feeding one step ahead keeps the lanes busy across the step boundary; stopping (on_step returned True, Ctrl-C) stops feeding, so the state after
 the last fed step is consistent. Before a save, and at the end of a stretch (`Driver.advance`),
 the next step is not fed: with no micro-batch the lanes cannot reach its backward, so no update
 touches the state while it is read (uploads and prefetches of the next step only read it).
@@ -51,13 +51,15 @@ class Repetition:
     def feed(self) -> None:
         self.fed += 1
         env, info = self.d.built.env, self.d.program.info
-        for mb in micro_batches(self.d.it, self.fed, info, self.base, env.staging, env.ranks):
+        for mb in micro_batches(self.d.it, self.fed, info, self.base, env.staging,
+                                self.shared.fed, env.ranks):  # fmt: skip
             env.batches.put(mb)
 
     def run(self) -> None:
         pr = self.d.progress
         for step in range(1, self.n + 1):
-            while not pr.stop and self.fed < min(step + 1, self.n) and not self.saving(step):
+            ahead = min(step + self.d.program.info.feed_ahead, self.n)
+            while not pr.stop and self.fed < ahead and not self.saving(step):
                 self.feed()
             try:
                 wait_ops(self.shared, self.shared.by_step[step], self.d.interrupts)
@@ -88,7 +90,7 @@ class Repetition:
         self.reported = step
         pr.done += 1
         pr.recorder.resolve(pr.done)
-        loss = float(env.loss_host[step - 1])
+        loss = float(env.buffers.tensor(self.shared.host_losses[step]))
         if env.ranks is not None:  # each rank's part of the step's mean loss
             loss = float(env.ranks.sum_(torch.tensor([loss], dtype=torch.float64), "main")[0])
         lr = env.optim.lr_at(self.base + step, env.total_steps)
@@ -165,9 +167,11 @@ def micro_batches(
     info: GraphInfo,
     base: int,
     staging: TokenStaging,
+    fed: dict[tuple[int, int], str],
     ranks: Ranks | None = None,
 ) -> list[MicroBatch]:
-    """The step's micro-batches, checked, each scaled by 1 / (labelled tokens of the step).
+    """The step's micro-batches, checked, each staged in the host slot `fed` names and scaled
+    by 1 / (labelled tokens of the step).
     Data parallel: the data holds the global batch, each rank takes its rows (`info` is the
     rank's graph's), the scale counts every rank's tokens."""
     nproc, rank = (ranks.nproc, ranks.rank) if ranks is not None else (1, 0)
@@ -187,9 +191,6 @@ def micro_batches(
     valid = sum(int((batch[1] != -100).sum()) for batch in raw)
     if valid == 0:
         raise DataError(f"step {base + step}: no labelled token (all labels are -100)")
-    return [
-        MicroBatch(
-            step=step, micro=m, tokens=staging.stage(*(t[rows] for t in batch)), scale=1.0 / valid
-        )
-        for m, batch in enumerate(raw)
-    ]
+    for m, batch in enumerate(raw):
+        staging.stage(fed[(step, m)], *(t[rows] for t in batch))
+    return [MicroBatch(step=step, micro=m, scale=1.0 / valid) for m in range(len(raw))]

@@ -101,9 +101,10 @@ class Options:
     data-parallel run (`executor.ranks`): the batches hold the global micro-batches, each rank
     takes its rows and updates its shard of each unit; only rank 0's result holds the state.
     `max_skipped_steps`: under global clipping, the steps in a row skipped for a non-finite
-    gradient norm after which the run stops. `documents`: the batches are packed documents,
-    (input_ids, labels, positions): each token attends only to its own document's earlier
-    tokens, at RoPE positions restarting at 0 in each (`layers.document_rope`)."""
+    gradient norm after which the run stops. Where the Program's token slots hold positions
+    (a plan of `TrainConfig.document_mask`), the batches are packed documents, (input_ids,
+    labels, positions): each token attends only to its own document's earlier tokens, at RoPE
+    positions restarting at 0 in each (`layers.document_rope`)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -116,7 +117,6 @@ class Options:
     ranks: Ranks | None = None
     phases: Phases = field(default_factory=Phases)
     max_skipped_steps: int = 10  # global clipping: non-finite steps in a row that stop the run
-    documents: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +302,6 @@ class Engine:
             initial_optim_state=moments,
             phases=phases or opts.phases,
             ranks=opts.ranks,
-            documents=opts.documents,
         )
 
 

@@ -33,7 +33,7 @@ from executor.env import Env, LaneState
 from executor.handlers import Handler, lower
 from executor.interrupts import DeferredInterrupts
 from executor.recording import Recorder
-from slide_ir.ir.graph import Graph, Op, lane_kind
+from slide_ir.ir.graph import Graph, Op, Role, lane_kind
 
 log = logging.getLogger("executor.runtime")
 
@@ -59,6 +59,8 @@ class Shared:
     knobs: knobs_mod.Knobs
     previous: dict[str, str]  # op id -> the op before it in the list (serial knob)
     by_step: dict[int, list[str]]  # step -> its ops' ids: what the main thread waits on
+    fed: dict[tuple[int, int], str]  # (step, micro) -> the host token slot its embedding reads
+    host_losses: dict[int, str]  # step -> the slot of its loss's host copy
     by_lane: dict[str, tuple[Op, ...]]  # lane -> its ops in order: what its worker walks
     error: list[BaseException]
     error_lock: threading.Lock
@@ -183,6 +185,8 @@ def make_shared(env: Env, graph: Graph, recorder: Recorder) -> Shared:
         knobs=knobs_mod.from_env(),
         previous={b.id: a.id for a, b in itertools.pairwise(ops)},
         by_step=by_step,
+        fed={(op.step, op.micro): v.slot for op in ops if (v := op.read_as(Role.FEED))},
+        host_losses={op.step: v.slot for op in ops if (v := op.written_as(Role.HOST_LOSS))},
         by_lane={lane: graph.lane_ops(lane) for lane in graph.lanes()},
         error=[],
         error_lock=threading.Lock(),

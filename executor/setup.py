@@ -9,6 +9,7 @@ their steady size on step 1.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Mapping
@@ -26,9 +27,9 @@ from executor.layout import Shard, UnitLayout, shard_of, unit_layouts
 from executor.nvme import NvmeStore, StripeFormat, backend_for
 from executor.phases import Phases
 from executor.ranks import Ranks
-from executor.staging import TokenStaging
+from executor.staging import TokenSlot, TokenStaging
 from slide_ir.ir.drives import NvmeDirs, act_slots_by_drive, grad_drive
-from slide_ir.ir.graph import Graph, GraphInfo, PoolRole, Tier, UnitPlacement
+from slide_ir.ir.graph import TOKEN_FIELDS, Graph, GraphInfo, PoolRole, Tier, UnitPlacement
 from slide_ir.ir.trace import MemorySample
 from slide_ir.program import Program
 
@@ -178,9 +179,7 @@ def shards(layouts: dict[int, UnitLayout], ranks: Ranks | None) -> dict[int, Sha
     }
 
 
-def _setup(
-    p: Program, device: torch.device, dtype: torch.dtype, ranks: Ranks | None, documents: bool
-) -> Setup:
+def _setup(p: Program, device: torch.device, dtype: torch.dtype, ranks: Ranks | None) -> Setup:
     info, spec = p.graph.info, p.model
     opt_on_nvme = {"cpu": (), "nvme": ("master", "moments"), "nvme-moments": ("moments",)}
     layouts = unit_layouts(spec)
@@ -192,12 +191,20 @@ def _setup(
         device=device,
         dtype=dtype,
         moments_dtype=torch.float32 if info.moments_dtype == "fp32" else torch.bfloat16,
-        hidden_shape=(info.batch, info.seq, spec.hidden_size),
         pin=device.type == "cuda",
         stripes=p.drives if info.optimizer != "cpu" else 0,
         opt_on_nvme=opt_on_nvme[info.optimizer],
-        documents=documents,
     )
+
+
+def _slot_shape(graph: Graph, role: PoolRole) -> tuple[int, ...]:
+    """The slot shape of the graph's pools of `role` (every such pool has the one)."""
+    return next(pool.shape for pool in graph.pools if pool.role == role)
+
+
+def _staging(buffers: Buffers) -> TokenStaging:
+    """The host token pool's slots, the driver's to stage micro-batches in."""
+    return TokenStaging({k: v for k, v in buffers.items.items() if isinstance(v, TokenSlot)})
 
 
 def build(
@@ -213,18 +220,18 @@ def build(
     initial_optim_state: Mapping[str, torch.Tensor] | None,
     phases: Phases | None = None,
     ranks: Ranks | None = None,
-    documents: bool = False,
 ) -> Built:
-    """`documents`: the batches are packed documents, with positions (`Options.documents`)."""
+    """The batches are packed documents (with positions) where the Program's token slots hold
+    positions (`TOKEN_FIELDS`)."""
     phases = phases or Phases()
     with phases("engine check"):
-        s = _setup(p, device, dtype, ranks, documents)
+        s = _setup(p, device, dtype, ranks)
         state.check_names(s.layouts, initial_state, p.model.tied_embeddings)
     with phases("buffers"):
         buffers: Buffers = allocate(p.graph, s)
     info = p.graph.info
-    act_bytes = info.batch * info.seq * p.model.hidden_size * dtype.itemsize
-    losses = max([info.steps, *p.evaluation])  # a slot per step of the longest pass, eval too
+    act_bytes = math.prod(_slot_shape(p.graph, PoolRole.HIDDEN)) * dtype.itemsize
+    documents = _slot_shape(p.graph, PoolRole.TOKENS)[0] == len(TOKEN_FIELDS)
     store, fmt = _nvme(p, s, nvme_dir, act_bytes, device.type == "cuda", ranks)
     env = Env(
         spec=p.model,
@@ -240,11 +247,7 @@ def build(
         step_offset=step_offset,
         total_steps=total_steps,
         lce_chunk=info.lce_chunk or None,
-        grad_accum=info.grad_accum,
-        loss_dev=torch.zeros(losses, dtype=torch.float32, device=device),
-        loss_host=torch.zeros(losses, dtype=torch.float32, pin_memory=s.pin),
-        # two steps' micro-batches: the driver feeds one step ahead (executor/staging.py)
-        staging=TokenStaging((info.batch, info.seq), 2 * info.grad_accum, s.pin, documents),
+        staging=_staging(buffers),
         step_t=torch.zeros((), dtype=torch.float32, device=device),
         abort=threading.Event(),
         act_bytes=act_bytes,

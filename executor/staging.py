@@ -1,20 +1,22 @@
-"""The host buffers each micro-batch's token ids and labels (and, for packed documents, the
-tokens' positions in their documents) wait in for their upload.
+"""The host slots each micro-batch's token ids and labels (and, for packed documents, the
+tokens' positions in their documents) wait in for their upload: the Program's host token pool
+(`PoolRole.HOST_TOKENS`), a slot per micro-batch of `GraphInfo.feed_ahead` + 1 steps.
 
-A fixed ring of slots, allocated with the engine (pinned on CUDA), instead of a
-`Tensor.pin_memory()` per micro-batch: those took blocks from torch's caching host allocator
-every step, a block staying taken until its copy had run, so a slow step could grow that pool
-for good (the design's rule: the steady state allocates nothing).
+Fixed slots, allocated with the engine (pinned on CUDA), instead of a `Tensor.pin_memory()` per
+micro-batch: those took blocks from torch's caching host allocator every step, a block staying
+taken until its copy had run, so a slow step could grow that pool for good (the design's rule:
+the steady state allocates nothing).
 
-Invariant: the driver feeds at most one step ahead of the step it waits for, and waits for a
-step's ops (device work included) before reporting it, so with two steps' micro-batches of
-slots a slot comes round again only after the forward that uploaded it has finished. On CUDA
-each slot's upload also records an event the next `stage` of that slot synchronises on, and a
-slot handed out but not yet uploaded is never reused: `stage` raises instead.
+Invariant: the driver stages a micro-batch into the slot its embedding's forward reads (the
+graph's `Role.FEED` value), and only after the step that last read that slot is done (the
+graph's edges say so too, for the simulator). On CUDA each slot's upload also records an event
+the next `stage` of that slot synchronises on, and a slot staged but not yet uploaded is never
+restaged: `stage` raises instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +28,7 @@ class TokenSlot:
     labels: torch.Tensor  # (B, S) int64, host (pinned on CUDA)
     positions: torch.Tensor | None  # (B, S) int64, host (pinned on CUDA); None: no documents
     uploaded: torch.cuda.Event | None  # recorded on the gpu lane's stream after the copies
-    waiting: bool = False  # handed to a micro-batch whose forward has not copied it yet
+    waiting: bool = False  # staged for a micro-batch whose forward has not copied it yet
 
     def mark_uploaded(self) -> None:
         """Called by the forward that copied the slot, on the stream that copied it."""
@@ -36,33 +38,27 @@ class TokenSlot:
 
 
 class TokenStaging:
-    """`slots` (ids, labels[, positions]) of `shape`, handed out in turn; positions where
-    `documents` (packed documents)."""
+    """The host token slots by slot id; `documents` when they hold positions (packed
+    documents: the Program's token pools have that field)."""
 
-    def __init__(
-        self, shape: tuple[int, int], slots: int, cuda: bool, documents: bool = False
-    ) -> None:
-        def host() -> torch.Tensor:
-            return torch.empty(shape, dtype=torch.int64, pin_memory=cuda)
-
-        self.documents = documents
-        event = torch.cuda.Event if cuda else lambda: None
-        self._slots = [
-            TokenSlot(host(), host(), host() if documents else None, event()) for _ in range(slots)
-        ]
-        self._next = 0
+    def __init__(self, slots: Mapping[str, TokenSlot]) -> None:
+        self._slots = dict(slots)
+        self.documents = any(s.positions is not None for s in self._slots.values())
 
     def stage(
-        self, ids: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None
-    ) -> TokenSlot:
-        """The next slot, holding a copy of `ids`, `labels` and `positions`."""
-        slot = self._slots[self._next]
+        self,
+        slot_id: str,
+        ids: torch.Tensor,
+        labels: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> None:
+        """Copy `ids`, `labels` and `positions` into slot `slot_id`."""
+        slot = self._slots[slot_id]
         if slot.waiting:
             raise RuntimeError(
-                f"token staging slot {self._next} of {len(self._slots)} is still waiting for "
-                "its upload: the driver fed more than two steps ahead"
+                f"token slot {slot_id} is still waiting for its upload: the driver fed further "
+                "ahead than the graph's feed window"
             )
-        self._next = (self._next + 1) % len(self._slots)
         if slot.uploaded is not None:
             slot.uploaded.synchronize()  # its last upload has run (it has, by the invariant)
         slot.ids.copy_(ids)
@@ -71,7 +67,6 @@ class TokenStaging:
             assert positions is not None, "packed documents: a micro-batch without positions"
             slot.positions.copy_(positions)
         slot.waiting = True
-        return slot
 
 
 class DataError(ValueError):

@@ -89,7 +89,6 @@ def fine_tune(
                 refit_profile=req.machine == "auto",
                 ranks=ranks,
                 evaluate=evaluate,
-                documents=req.packing == "documents",
             )
             stop.finishing()
             done = start + result.steps_done

@@ -74,7 +74,6 @@ def train(
     refit_profile: bool = False,
     ranks: Ranks | None = None,
     evaluate: Eval | None = None,
-    documents: bool = False,
 ) -> TrainResult:
     """Fine-tune all parameters for `config.steps` optimizer steps (`executor.run` says what
     each hook and option does). `planned`: the plan to run (else the planner's for `config`;
@@ -116,7 +115,6 @@ def train(
         hand_back=hand_back,
         ranks=ranks,
         phases=phases or Phases(),
-        documents=documents,
     )
     start = Start(
         weights=initial_state,

@@ -21,6 +21,9 @@ from slide_ir.ir.graph import Graph, GraphInfo, load_versioned
 from slide_ir.specs.model import ModelSpec
 
 FORMAT_VERSION = 1
+# the longest pass a Program holds (a longer run repeats it); a graph's per-step pools (the
+# step losses) have this many slots
+MAX_PASS_STEPS = 64
 
 
 class ProgramError(ValueError):

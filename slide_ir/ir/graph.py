@@ -38,6 +38,11 @@ from slide_ir.ir.work import Attention as Attention
 from slide_ir.ir.work import Gemm as Gemm
 from slide_ir.ir.work import Work as Work
 
+# the fields of a micro-batch's tokens, in a token pool's slot (packed documents add positions)
+TOKEN_FIELDS = ("input_ids", "labels", "positions")
+# steps the driver stages micro-batches ahead of the step it waits for (`GraphInfo.feed_ahead`)
+FEED_AHEAD = 1
+
 FORMAT_VERSION = 2  # 2: ops name a `unit` (was `layer`), values, micro-batch; pools a role
 
 
@@ -121,6 +126,10 @@ class Pool:
     # (parallel to `units`; regions of units never held at once may overlap); empty: packed
     offsets: tuple[int, ...] = ()
     dtype: Dtype = Dtype.NONE
+    # one slot's array where a slot is one (hidden states (B, S, H), a micro-batch's token
+    # fields (fields, B, S), a step's loss (1,)): an engine allocates it as given; empty: a
+    # slot sized by its units or its bytes
+    shape: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.slots <= 0:
@@ -166,6 +175,10 @@ class GraphInfo:
         0.0  # per-unit gradient clipping's max norm, right before each update (0: none)
     )
     global_clip_norm: float = 0.0  # global clipping's max norm, updates after it (0: none)
+    # steps the driver may stage ahead of the step it waits for: the host token pool holds
+    # feed_ahead + 1 steps' micro-batches, and a step's embedding waits for the step that many
+    # before it to end (the graph's edges say so, for the simulator too)
+    feed_ahead: int = FEED_AHEAD
 
     @property
     def tokens_per_step(self) -> int:
@@ -287,7 +300,8 @@ def info_from_dict(d: Mapping[str, Any]) -> GraphInfo:
 def _pool_from_dict(d: Mapping[str, Any]) -> Pool:
     return Pool(**{**d, "tier": Tier(d["tier"]), "role": PoolRole(d["role"]),
                    "units": tuple(d["units"]), "offsets": tuple(d["offsets"]),
-                   "dtype": Dtype(d.get("dtype", Dtype.NONE))})  # fmt: skip
+                   "dtype": Dtype(d.get("dtype", Dtype.NONE)),
+                   "shape": tuple(d.get("shape", ()))})  # fmt: skip
 
 
 def work_from_dict(d: Mapping[str, Any]) -> Work:

@@ -4,6 +4,7 @@ Small schedules in tests are written in it. Lines are `key=value` tokens, shell-
 
     info schedule=sliding model=tiny machine=m batch=1 seq=8 steps=1 ... placement=sliding,...
     pool gpu_units tier=gpu slots=2 slot_bytes=1024 static=0 role=unit units=1,2,3
+    pool gpu_acts tier=gpu slots=3 slot_bytes=512 static=0 role=hidden dtype=compute shape=1x8x32
     op s1.L1.fwd kind=fwd lane=gpu step=1 unit=1 flops=1e9 gemms=64x96x32,64x32x32*2
         attention=1x4x64x8 deps=s1.L1.w.h2d acquires=gpu_acts.1
         reads=L1.w@gpu_units.0,s1.L1.x@gpu_acts.0 writes=s1.L2.x@gpu_acts.1
@@ -54,6 +55,8 @@ def format_graph(graph: Graph) -> str:
             items["offsets"] = ",".join(map(str, p.offsets))
         if p.dtype:
             items["dtype"] = p.dtype
+        if p.shape:
+            items["shape"] = "x".join(map(str, p.shape))
         lines.append(f"pool {p.name} " + _kv(items))
     lines.extend(format_op(op) for op in graph.ops)
     return "\n".join(lines) + "\n"
@@ -129,6 +132,7 @@ def _parse_pool(name: str, kv: dict[str, str]) -> Pool:
         units=tuple(int(u) for u in kv.get("units", "").split(",") if u),
         offsets=tuple(int(u) for u in kv.get("offsets", "").split(",") if u),
         dtype=Dtype(kv.get("dtype", Dtype.NONE)),
+        shape=tuple(int(n) for n in kv.get("shape", "").split("x") if n),
     )
 
 

@@ -81,6 +81,7 @@ class PoolRole(StrEnum):
     WORKSPACE = "workspace"  # compute scratch torch allocates; a recompute's tape lives there
     TAPE = "tape"  # autograd tapes a forward keeps for its backward; torch allocates them
     TOKENS = "tokens"  # the current micro-batch's token ids and labels on the GPU
+    HOST_TOKENS = "host_tokens"  # micro-batches staged in host RAM for their upload (the feed)
     HIDDEN = "hidden"  # layer inputs (B x S x H) on the GPU
     HIDDEN_GRAD = "hidden_grad"  # gradients w.r.t. hidden states on the GPU
     HOST_HIDDEN = "host_hidden"  # saved layer inputs, or their NVMe staging, in pinned RAM
@@ -103,6 +104,8 @@ class PoolRole(StrEnum):
     GRAD_NORMS = "grad_norms"  # a unit's per-parameter gradient norms (FP32, pinned)
     GRAD_SCALE = "grad_scale"  # the step's clip scale and global norm (FP32, pinned)
     ROLLBACK = "rollback"  # a speculated unit's master and moments before its update, in RAM
+    LOSSES = "losses"  # each step's summed loss on the GPU, accumulated over its micro-batches
+    HOST_LOSSES = "host_losses"  # their host copies, which the driver reports
 
 
 class Dtype(StrEnum):
@@ -110,10 +113,11 @@ class Dtype(StrEnum):
     counts: `compute` is the run's compute dtype (BF16 on a GPU; FP32 in the CPU mode),
     `moments` the Adam moments' (FP32 or BF16, `GraphInfo.moments_dtype`)."""
 
-    NONE = ""  # not one element array: accounting, torch's workspaces, tokens, NVMe regions
+    NONE = ""  # not one element array: accounting, torch's workspaces, NVMe regions
     COMPUTE = "compute"
     FP32 = "fp32"
     MOMENTS = "moments"
+    INT64 = "int64"  # token ids, labels and positions
 
 
 class UnitPlacement(StrEnum):
@@ -152,3 +156,8 @@ class Role(StrEnum):
     TOKENS = "tokens"  # the step's token ids and labels: the embedding's fwd writes, its bwd reads
     TAPE = "tape"  # a layer's autograd tape, written by a forward that keeps it for its bwd
     TIED = "tied"  # the embedding's weights (read) and gradients (written) of a tied LM head
+    FEED = (
+        "feed"  # a micro-batch as the driver staged it in host RAM: the embedding's fwd uploads it
+    )
+    LOSS = "loss"  # the step's loss on the GPU: the loss op adds its micro-batch's into it
+    HOST_LOSS = "host_loss"  # the host copy of the step's loss, written at its last micro-batch

@@ -4,7 +4,9 @@ Schedules are written as straight-line code that emits ops roughly in the order 
 Slots are handed out first-freed, first-reused: acquiring a slot adds a dependency on the op that
 released it last, which is how "wait until a cache unit is free" becomes an ordinary dependency.
 A value an op writes into a slot it acquires is given as `Taken(name)` (the slot is not known
-before the op is emitted); `micro` is the micro-batch the ops emitted next belong to.
+before the op is emitted); `micro` is the micro-batch the ops emitted next belong to. `tails`
+names the last op each lane has emitted of a step: what waits for the whole step waits for them
+(each lane runs its ops in list order).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class GraphBuilder:
         self._free: dict[str, deque[tuple[str, str | None]]] = {
             p.name: deque((s, None) for s in p.slot_ids()) for p in self.pools if not p.static
         }
+        self._tails: dict[int, dict[str, str]] = {}  # step -> lane -> its last op of the step
 
     def emit(
         self,
@@ -97,7 +100,12 @@ class GraphBuilder:
                 writes=tuple(placed),
             )
         )
+        self._tails.setdefault(step, {})[lane] = op_id
         return tuple(slots)
+
+    def tails(self, step: int) -> tuple[str, ...]:
+        """The last op of `step` emitted so far on each lane (none for a step not emitted)."""
+        return tuple(self._tails.get(step, {}).values())
 
     def _take(self, pool: str, op_id: str) -> tuple[str, str | None]:
         free = self._free.get(pool)

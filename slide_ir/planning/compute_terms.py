@@ -9,10 +9,11 @@ where the training state lives (`state_terms`) and what the link moves (`transfe
 from __future__ import annotations
 
 from slide_ir.ir.drives import act_pool, saved_per_drive
+from slide_ir.ir.graph import FEED_AHEAD, TOKEN_FIELDS, Tier
 from slide_ir.ir.graph import PoolRole as R
-from slide_ir.ir.graph import Tier
 from slide_ir.planning.terms import Terms
 from slide_ir.planning.units import BF16, GIB
+from slide_ir.program import MAX_PASS_STEPS
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
 
@@ -48,9 +49,9 @@ def common_gpu_terms(
         "hidden-state gradients",
         f"2 x b{b} x s{s} x h{h} x 2 B",
         role=R.HIDDEN_GRAD,
+        shape=(b, s, h),
     )
-    terms.add("gpu_tokens", Tier.GPU, 1, 2 * b * s * 8, "token ids and labels",
-              f"2 x b{b} x s{s} x 8 B", static=True, role=R.TOKENS)  # fmt: skip
+    feed_terms(terms, config)
     # One scratch slot serves the layers' transient activations and the fused loss: both run on
     # the `gpu` lane, one at a time, so they never coexist.
     layer = model.layer_transient_bytes(b, s)
@@ -74,6 +75,26 @@ def common_gpu_terms(
     )
 
 
+def feed_terms(terms: Terms, config: TrainConfig) -> None:
+    """What the data path holds: the micro-batch's token fields on the GPU (ids, labels, and
+    packed documents' positions), the host slots the driver stages micro-batches in
+    (`GraphInfo.feed_ahead` + 1 steps of them), and each step's loss on the GPU and its host
+    copy, a slot per step of the longest pass."""
+    b, s, ga = config.batch, config.seq, config.grad_accum
+    fields = len(TOKEN_FIELDS) if config.document_mask else len(TOKEN_FIELDS) - 1
+    tokens, what = fields * b * s * 8, f"{fields} x b{b} x s{s} x 8 B"
+    terms.add("gpu_tokens", Tier.GPU, 1, tokens, "token ids and labels", what, static=True,
+              role=R.TOKENS, shape=(fields, b, s))  # fmt: skip
+    k = (FEED_AHEAD + 1) * ga
+    terms.add("pinned_tokens", Tier.PINNED, k, tokens, "staged micro-batches (pinned)",
+              f"{FEED_AHEAD + 1} steps x {ga} micro-batches x {what}", static=True,
+              role=R.HOST_TOKENS, shape=(fields, b, s))  # fmt: skip
+    for name, tier, role in (("gpu_losses", Tier.GPU, R.LOSSES),
+                             ("pinned_losses", Tier.PINNED, R.HOST_LOSSES)):  # fmt: skip
+        terms.add(name, tier, MAX_PASS_STEPS, 4, "step losses", f"{MAX_PASS_STEPS} x 4 B",
+                  static=True, role=role, shape=(1,))  # fmt: skip
+
+
 def lce_chunk_tokens(model: ModelSpec, config: TrainConfig) -> int:
     tokens = config.batch * config.seq
     chunk = config.lce_chunk_tokens or model.default_lce_chunk_tokens(config.lce_budget_bytes)
@@ -92,7 +113,7 @@ def activation_terms(terms: Terms, model: ModelSpec, config: TrainConfig, drives
     if config.activations == "gpu":
         k = n + 1 + min(config.kept_tapes, 1)
         terms.add("gpu_acts", Tier.GPU, k, hidden, "saved layer inputs", f"{k} x {what}",
-                  role=R.HIDDEN)  # fmt: skip
+                  role=R.HIDDEN, shape=(b, s, h))  # fmt: skip
         return
     terms.add(
         "gpu_acts",
@@ -102,6 +123,7 @@ def activation_terms(terms: Terms, model: ModelSpec, config: TrainConfig, drives
         "layer-input window",
         f"{config.act_buffers} x {what}",
         role=R.HIDDEN,
+        shape=(b, s, h),
     )
     if config.activations == "cpu":
         terms.add(
@@ -112,15 +134,17 @@ def activation_terms(terms: Terms, model: ModelSpec, config: TrainConfig, drives
             "saved layer inputs (pinned)",
             f"{n} x {what}",
             role=R.HOST_HIDDEN,
+            shape=(b, s, h),
         )
     else:  # the staging of the NVMe copies: one slot with `lean_buffers`, each copy in turn
         k = 1 if config.lean_buffers else config.act_buffers
         terms.add("pinned_act_staging", Tier.PINNED, k, hidden,
-                  "activation NVMe staging (pinned)", f"{k} x {what}", role=R.HOST_HIDDEN)  # fmt: skip
+                  "activation NVMe staging (pinned)", f"{k} x {what}", role=R.HOST_HIDDEN,
+                  shape=(b, s, h))  # fmt: skip
         for drive, k in enumerate(saved_per_drive(n, drives)):
             if k:
                 terms.add(act_pool(drive), Tier.NVME, k, hidden, "saved layer inputs (NVMe)",
-                          f"{k} x {what}", role=R.NVME_HIDDEN)  # fmt: skip
+                          f"{k} x {what}", role=R.NVME_HIDDEN, shape=(b, s, h))  # fmt: skip
 
 
 def tape_terms(terms: Terms, model: ModelSpec, config: TrainConfig) -> None:

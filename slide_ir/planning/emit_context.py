@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slide_ir.ir.graph import PoolRole, Role, Value, Work, slot_id
+from slide_ir.ir.graph import FEED_AHEAD, PoolRole, Role, Value, Work, slot_id
 from slide_ir.planning.builder import GraphBuilder, Taken
 from slide_ir.planning.shapes import layer_work
 from slide_ir.planning.units import BF16, unit_params
@@ -58,7 +58,8 @@ class Ctx:
     persistent_grads: frozenset[int] = frozenset()  # units whose GPU grads outlive a micro-batch
     grads_written: set[int] = field(default_factory=set)  # units with grads in this micro-batch
     homes: dict[tuple[PoolRole, int], str] = field(default_factory=dict)  # see `unit_homes`
-    tokens_slot: str = ""
+    # the static pools of the data path (`compute_terms.feed_terms`): role -> pool name
+    feed_pools: dict[PoolRole, str] = field(default_factory=dict)
     # an eval graph's forward (`evaluation`): every unit and input freed once read, nothing
     # saved for a backward, and the loss computed without its gradients
     forward_only: bool = False
@@ -76,8 +77,8 @@ class Ctx:
 
     def __post_init__(self) -> None:
         self.homes = unit_homes(self.b.pools)
-        tokens = [p for p in self.b.pools if p.role == PoolRole.TOKENS]
-        self.tokens_slot = slot_id(tokens[0].name, 0) if tokens else ""
+        data = (PoolRole.TOKENS, PoolRole.HOST_TOKENS, PoolRole.LOSSES, PoolRole.HOST_LOSSES)
+        self.feed_pools = {p.role: p.name for p in self.b.pools if p.role in data}
         ring = [p for p in self.b.pools if p.role == PoolRole.WEIGHT_STAGING]
         self.cast = frozenset(u for p in ring for u in p.units)
         saved = [p for p in self.b.pools if p.role == PoolRole.ROLLBACK]
@@ -125,10 +126,32 @@ class Ctx:
         return Taken(name, index, role=role) if self.values else None
 
     def tokens(self, step: int, micro: int) -> Value | None:
+        """The micro-batch's tokens on the GPU, in the one slot of the tokens pool."""
         if not self.values:
             return None
         name = micro_prefix(step, micro, self.config.grad_accum) + "tokens"
-        return at(name, self.tokens_slot, role=Role.TOKENS)
+        return at(name, slot_id(self.feed_pools[PoolRole.TOKENS], 0), role=Role.TOKENS)
+
+    def fed(self, step: int, micro: int) -> Value | None:
+        """The micro-batch as the driver staged it in host RAM: a slot per micro-batch of
+        `FEED_AHEAD` + 1 steps, in turn (the embedding of step s reuses step s - 1 - FEED_AHEAD's
+        slot, after waiting for that step: `schedules.forward`)."""
+        if not self.values:
+            return None
+        name = micro_prefix(step, micro, self.config.grad_accum) + "tokens"
+        slot = (step - 1) % (FEED_AHEAD + 1) * self.config.grad_accum + micro
+        return at(name, slot_id(self.feed_pools[PoolRole.HOST_TOKENS], slot), role=Role.FEED)
+
+    def losses(self, step: int, micro: int) -> list[Value | None]:
+        """What a loss op writes: the step's loss on the GPU (its micro-batches add into it),
+        and at the step's last micro-batch its host copy. A slot per step of the pass."""
+        if not self.values:
+            return []
+        name, last = f"s{step}.loss", micro == self.config.grad_accum - 1
+        device = at(name, slot_id(self.feed_pools[PoolRole.LOSSES], step - 1),
+                    accumulate=micro > 0, role=Role.LOSS)  # fmt: skip
+        host = slot_id(self.feed_pools[PoolRole.HOST_LOSSES], step - 1)
+        return [device, at(name, host, role=Role.HOST_LOSS) if last else None]
 
     def on_gpu(self, unit: int) -> str:
         """The GPU slot holding the unit's weights (and grads) now."""

@@ -18,13 +18,13 @@ from slide_ir.ir.graph import Graph
 from slide_ir.planning.data_parallel import shard_plan
 from slide_ir.planning.ledger import REPORT_TIERS
 from slide_ir.planning.planner import Plan, build_graph, plan
-from slide_ir.program import Program, next_pass
+from slide_ir.program import MAX_PASS_STEPS, Program, next_pass
 from slide_ir.specs.config import TrainConfig
 
-# steps of the graph a run repeats: the first step of each repetition starts on a drained
-# pipeline (on the H200, 3B at batch 16, it took 0.16 s more than the others, at 16-step
-# repetitions: ~1% of the run); planning 64 steps of a 70B model takes 0.45 s here
-GRAPH_STEPS = 64
+# steps of the graph a run repeats (tests shorten it): the first step of each repetition
+# starts on a drained pipeline (on the H200, 3B at batch 16, it took 0.16 s more than the
+# others, at 16-step repetitions: ~1% of the run); planning 64 steps of a 70B model takes 0.45 s
+GRAPH_STEPS = MAX_PASS_STEPS
 
 
 def graph_config(config: TrainConfig) -> TrainConfig:

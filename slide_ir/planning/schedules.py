@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from slide_ir.ir.drives import act_drive, act_pool
-from slide_ir.ir.graph import OpKind, Role, Work
+from slide_ir.ir.graph import FEED_AHEAD, OpKind, Role, Work
 from slide_ir.planning.compute_terms import lce_chunk_tokens
 from slide_ir.planning.emit_context import Ctx
 from slide_ir.planning.shapes import eval_loss_work, loss_work
@@ -41,6 +41,8 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
     ctx.grads_written.clear()
     # forward only: the embedding's slot is free after its lookup, unless the LM head reads it
     embedding_done = ctx.forward_only and not m.tied_embeddings and 0 in ctx.unit_slot
+    # the driver stages this micro-batch once the step that last used its host slot is done
+    staged_after = b.tails(step - 1 - FEED_AHEAD) if micro == 0 else ()
     (x1,) = b.emit(
         oid(0, "fwd"),
         K.FWD,
@@ -48,9 +50,10 @@ def forward(ctx: Ctx, step: int, micro: int, before_layer: Hook) -> None:
         step=step,
         unit=0,
         work=Work(bytes=ctx.hidden_bytes),
-        deps=[ctx.weights_ready.get(0)],
+        deps=[ctx.weights_ready.get(0), *staged_after],
         acquire=["gpu_acts"],
-        reads=[ctx.weights_read(0)],  # before the release below gives its slot up
+        # the weights before the release below gives their slot up
+        reads=[ctx.weights_read(0), ctx.fed(step, micro)],
         release=[ctx.unit_slot.pop(0) if embedding_done else None],
         writes=[ctx.taken(oid(1, "x")), ctx.tokens(step, micro)],
     )
@@ -124,7 +127,8 @@ def _loss(ctx: Ctx, step: int, micro: int) -> None:
         reads=[ctx.weights_read(head), ctx.at(oid(head, "x"), ctx.act_gpu.pop(head)),
                ctx.tokens(step, micro), ctx.weights_read(0, Role.TIED) if tied else None],
         writes=[ctx.grads_write(head, micro), ctx.taken(oid(head, "dx")),
-                ctx.grads_write(0, micro, Role.TIED) if tied else None],
+                ctx.grads_write(0, micro, Role.TIED) if tied else None,
+                *ctx.losses(step, micro)],
     )  # fmt: skip
 
 
@@ -148,6 +152,7 @@ def _eval_loss(ctx: Ctx, step: int, micro: int) -> None:
         scratch=["gpu_workspace"],
         release=[x, *(ctx.unit_slot.pop(u) for u in done if u in ctx.unit_slot)],
         reads=reads,
+        writes=ctx.losses(step, micro),
     )  # fmt: skip
 
 

@@ -38,7 +38,9 @@ ROLE_DTYPES = {R.HIDDEN: Dtype.COMPUTE, R.HIDDEN_GRAD: Dtype.COMPUTE, R.HOST_HID
                R.UNIT: Dtype.COMPUTE, R.DEVICE_WEIGHTS: Dtype.COMPUTE,
                R.DEVICE_GRADS: Dtype.COMPUTE, R.GRAD_LANDING: Dtype.COMPUTE,
                R.HOST_WEIGHTS: Dtype.COMPUTE, R.WEIGHT_STAGING: Dtype.COMPUTE,
-               R.GRAD_ACCUM: Dtype.FP32, R.MASTER: Dtype.FP32, R.MASTER_STAGING: Dtype.FP32, R.MOMENTS: Dtype.MOMENTS, R.GRAD_NORMS: Dtype.FP32, R.GRAD_SCALE: Dtype.FP32}  # fmt: skip
+               R.GRAD_ACCUM: Dtype.FP32, R.MASTER: Dtype.FP32, R.MASTER_STAGING: Dtype.FP32, R.MOMENTS: Dtype.MOMENTS, R.GRAD_NORMS: Dtype.FP32, R.GRAD_SCALE: Dtype.FP32,
+               R.TOKENS: Dtype.INT64, R.HOST_TOKENS: Dtype.INT64, R.NVME_HIDDEN: Dtype.COMPUTE,
+               R.LOSSES: Dtype.FP32, R.HOST_LOSSES: Dtype.FP32}  # fmt: skip
 
 
 class Terms:
@@ -61,11 +63,12 @@ class Terms:
         units: tuple[int, ...] = (),
         offsets: tuple[int, ...] = (),
         dtype: Dtype | None = None,
+        shape: tuple[int, ...] = (),
     ) -> None:
         if slots > 0 and slot_bytes > 0:
             dtype = ROLE_DTYPES.get(role, Dtype.NONE) if dtype is None else dtype
             pool = Pool(name=name, tier=tier, slots=slots, slot_bytes=slot_bytes, static=static,
-                        role=role, units=units, offsets=offsets, dtype=dtype)  # fmt: skip
+                        role=role, units=units, offsets=offsets, dtype=dtype, shape=shape)  # fmt: skip
             self.items.append(Term(pool=pool, label=label, formula=formula))
 
     def add_group(

@@ -85,14 +85,13 @@ def run_case(case: str, ranks, tmp: Path, steps: int = STEPS, **kwargs) -> Train
     return train(
         spec_of(cfg),
         load_machine(MACHINE, nvme=drives),
-        TrainConfig(batch=GLOBAL_BATCH, seq=SEQ, steps=steps, **config),
+        TrainConfig(batch=GLOBAL_BATCH, seq=SEQ, steps=steps, document_mask=documents, **config),
         optim=AdamWConfig(lr=LR),
         batches=data(steps * grad_accum, first * grad_accum, documents),
         device="cpu",
         dtype=torch.float32,
         nvme_dir=tmp,
         ranks=ranks,
-        documents=documents,
         start_step=first,
         **kwargs,
     )

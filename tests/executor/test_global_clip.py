@@ -106,11 +106,10 @@ def _poison(monkeypatch: pytest.MonkeyPatch, steps: set[int]) -> None:
     """The micro-batches of global `steps` scaled by NaN: their gradients are all NaN."""
     real = repetition.micro_batches
 
-    def poisoned(it, step, info, base, staging, ranks=None):  # type: ignore[no-untyped-def]
-        out = real(it, step, info, base, staging, ranks)
+    def poisoned(it, step, info, base, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = real(it, step, info, base, *args, **kwargs)
         if base + step in steps:
-            out = [MicroBatch(step=m.step, micro=m.micro, tokens=m.tokens,
-                              scale=float("nan")) for m in out]  # fmt: skip
+            out = [MicroBatch(step=m.step, micro=m.micro, scale=float("nan")) for m in out]
         return out
 
     monkeypatch.setattr(repetition, "micro_batches", poisoned)

@@ -1,4 +1,4 @@
-"""Packed documents (`Options.documents`) train as if each document ran alone: the executor in
+"""Packed documents (a plan of `TrainConfig.document_mask`) train as if each document ran alone: the executor in
 CPU mode (FP32), on micro-batches of documents packed by `slide.packing` with their positions,
 against transformers running every document as its own sequence (`reference_loop.sequences`),
 torch AdamW: per-step losses and final weights within the parity tests' 1e-5. The packing cuts
@@ -53,13 +53,14 @@ def run(cfg: dict, steps: int = STEPS, **config: object):
     return train(
         spec_of(cfg),
         load_machine(MACHINE),
-        TrainConfig(batch=B, seq=S, steps=steps, **{"placement": "small", **config}),  # type: ignore[arg-type]
+        TrainConfig(
+            batch=B, seq=S, steps=steps, document_mask=True, **{"placement": "small", **config}
+        ),  # type: ignore[arg-type]
         initial_state=state_dict_fp32(hf_model(cfg)),
         optim=AdamWConfig(lr=LR),
         batches=packed(steps * grad_accum),
         device="cpu",
         dtype=torch.float32,
-        documents=True,
     )
 
 
@@ -114,12 +115,11 @@ def test_a_batch_without_positions_is_refused() -> None:
         train(
             spec_of(cfg),
             load_machine(MACHINE),
-            TrainConfig(batch=B, seq=S, steps=1, placement="small"),
+            TrainConfig(batch=B, seq=S, steps=1, placement="small", document_mask=True),
             initial_state=state_dict_fp32(hf_model(cfg)),
             batches=[(ids, labels) for ids, labels, _ in packed(1)],
             device="cpu",
             dtype=torch.float32,
-            documents=True,
         )
 
 
@@ -132,10 +132,9 @@ def test_positions_that_do_not_count_up_are_refused() -> None:
         train(
             spec_of(cfg),
             load_machine(MACHINE),
-            TrainConfig(batch=B, seq=S, steps=1, placement="small"),
+            TrainConfig(batch=B, seq=S, steps=1, placement="small", document_mask=True),
             initial_state=state_dict_fp32(hf_model(cfg)),
             batches=[(ids, labels, bad)],
             device="cpu",
             dtype=torch.float32,
-            documents=True,
         )

@@ -213,11 +213,10 @@ def parked(self, op):
 
 real_micro_batches = repetition.micro_batches
 
-def poisoned(it, step, info, base, staging, ranks=None):
-    out = real_micro_batches(it, step, info, base, staging, ranks)
+def poisoned(it, step, info, base, *args, **kwargs):
+    out = real_micro_batches(it, step, info, base, *args, **kwargs)
     if base + step in poison:
-        out = [MicroBatch(step=m.step, micro=m.micro, tokens=m.tokens, scale=float("nan"))
-               for m in out]
+        out = [MicroBatch(step=m.step, micro=m.micro, scale=float("nan")) for m in out]
     return out
 
 Env.update_scale = parked

@@ -7,7 +7,7 @@ import pytest
 
 from simulator.run import simulate_plan
 from slide_ir import OpKind, TrainConfig, load_machine, load_model
-from slide_ir.ir.graph import Tier
+from slide_ir.ir.graph import PoolRole, Role, Tier
 from slide_ir.planning.planner import plan
 from slide_ir.planning.programs import eval_graph, program
 from slide_ir.program import Program
@@ -30,11 +30,15 @@ def test_an_eval_graph_is_forward_only_and_frees_what_it_takes(config: dict) -> 
     assert g.pools == p.graph.pools and g.info.steps == 4 and g.info.grad_accum == 1
     assert {op.kind for op in g.ops} <= FORWARD_KINDS
     losses = [op for op in g.ops if op.kind == OpKind.EVAL_LOSS]
-    assert [op.step for op in losses] == [1, 2, 3, 4] and all(not op.writes for op in losses)
+    assert [op.step for op in losses] == [1, 2, 3, 4]
+    # an eval loss writes its batch's loss and the host copy, nothing of the model
+    assert all({v.role for v in op.writes} == {Role.LOSS, Role.HOST_LOSS} for op in losses)
     taken = {s for op in g.ops for s in op.acquires}
     freed = {s for op in g.ops for s in op.releases}
     assert taken == freed  # nothing held past the eval: the next training pass starts clean
-    homes = {p.name for p in g.pools if p.static and p.tier != Tier.GPU}
+    # (the host copies of the batches' losses are the driver's, which no training op reads)
+    homes = {p.name for p in g.pools
+             if p.static and p.tier != Tier.GPU and p.role != PoolRole.HOST_LOSSES}  # fmt: skip
     assert not {v.slot.rpartition(".")[0] for op in g.ops for v in op.writes} & homes
 
 

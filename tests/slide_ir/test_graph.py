@@ -122,9 +122,10 @@ def test_an_op_finds_its_operands_by_role():
     assert op.written_as(Role.TOKENS) is None and op.read_as(Role.TAPE) is None
 
 
-def test_a_pools_dtype_prints_and_reads_back():
-    pool = Pool(name="pinned_bf16_0", tier=Tier.PINNED, slots=2, slot_bytes=64, dtype=Dtype.COMPUTE)
+def test_a_pools_dtype_and_shape_print_and_read_back():
+    pool = Pool(name="pinned_acts", tier=Tier.PINNED, slots=2, slot_bytes=64, dtype=Dtype.COMPUTE,
+                shape=(1, 4, 8))  # fmt: skip
     graph = Graph(info=INFO, pools=(pool,), ops=())
-    assert "dtype=compute" in format_graph(graph)
+    assert "dtype=compute shape=1x4x8" in format_graph(graph)
     assert parse_graph(format_graph(graph)).pools == (pool,)
     assert Graph.from_json(graph.to_json()).pools == (pool,)

@@ -13,6 +13,7 @@ from slide_ir.planning.ledger import build_ledger
 from slide_ir.planning.placement import smallest_ledger
 from slide_ir.planning.planner import build_graph
 from slide_ir.planning.units import GIB, unit_params
+from slide_ir.program import MAX_PASS_STEPS
 from slide_ir.specs.config import TrainConfig
 
 R = PoolRole
@@ -76,13 +77,15 @@ def test_the_embedding_lands_after_the_head_frees_the_slot(llama8b, pc, grad_acc
 def test_host_bytes_of_the_smallest_footprint_are_the_hand_count(llama8b, pc) -> None:
     """CPU AdamW, FP32 moments, uploads cast: 12 B/param of state, then the landing (3 layer
     slots and one vocab slot), the weight ring (2 slots of the largest unit), the saved layer
-    inputs at batch 1 and the 2 GiB process runtime, all at 2 B per element. The smallest
+    inputs at batch 1 and the 2 GiB process runtime, all at 2 B per element; the data path's
+    staged micro-batches (two steps' ids and labels, int64) and step losses (FP32). The smallest
     footprint a fit is judged by has the copy buffers one deep: one landing slot and one ring
     slot, each the largest unit (SlideFormer's one gradient and one convert buffer)."""
     n, h = llama8b.num_layers, llama8b.hidden_size
     head, layer = unit_params(llama8b, n + 1), unit_params(llama8b, 1)
     small = build_ledger(llama8b, pc, _config(host_weights="cast", placement="small"))
-    rest = 12 * llama8b.total_params + n * 1024 * h * 2 + 2 * GIB
+    data = 2 * 2 * 1024 * 8 + 4 * MAX_PASS_STEPS
+    rest = 12 * llama8b.total_params + n * 1024 * h * 2 + 2 * GIB + data
     hand = rest + 2 * (3 * layer + head) + 2 * 2 * head
     assert small.peak_bytes("cpu") == hand
     assert 12.85 < hand / llama8b.total_params < 12.86
