@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # A refactor's must-not-regress figures on the H200, one call (bundled into $OUT/all.tgz):
-# `slide train` with its defaults (seq 1024, batch 16, 10 steps) on the cases in $CASES, run by
+# `slide train` with its defaults (seq 1024, batch 16, $STEPS steps, 10 unless set) on the cases in $CASES, run by
 # the tree before the change (.before, a `git archive` of the commit) and by this tree,
 # alternating before / after for $ROUNDS rounds so that drift falls on both. The summary's
 # tokens/s of each run goes to $OUT/before_after.jsonl; the last lines compare medians.
 #   rm -rf .before && mkdir .before && git archive COMMIT | tar -x -C .before
 #   carry [".whl", ".before"]; command: ROUNDS=2 bash bench/device/h200_before_after.sh
-# CASES: "label:flags" items separated by ';' (flags joined by ','), e.g. the default below.
+# CASES: "label:flags" items separated by ';' (flags joined by ','), e.g. the default below;
+# AFTER_FLAGS (joined by ','): flags for this tree only, where a default changed in between
+# (e.g. "--clip,none" against a tree from before global clipping became the default).
 source bench/device/h200_env.sh
 CASES=${CASES:-"3b-defaults:--model,llama-3.2-3b;8b-defaults:--model,llama-3.1-8b;3b-sliding:--model,llama-3.2-3b,--placement,small"}
 ROUNDS=${ROUNDS:-2}
@@ -15,7 +17,7 @@ python3 -c "import numpy as np; np.save('/tmp/tok.npy', np.random.default_rng(0)
 run() {  # tree label flags...
   local tree=$1 label=$2; shift 2
   (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout 170 python3 -m slide.cli train \
-     --data /tmp/tok.npy --steps 10 --no-progress "$@" > "$OUT/$label.json" 2> "$OUT/$label.err")
+     --data /tmp/tok.npy --steps "${STEPS:-10}" --no-progress "$@" > "$OUT/$label.json" 2> "$OUT/$label.err")
   python3 - "$OUT/$label.json" "$label" >> "$OUT/before_after.jsonl" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
@@ -30,7 +32,8 @@ for round in $(seq "$ROUNDS"); do
   for item in "${items[@]}"; do
     label=${item%%:*}; IFS=',' read -ra flags <<< "${item#*:}"
     run .before "before-$label-$round" "${flags[@]}"
-    run . "after-$label-$round" "${flags[@]}"
+    IFS=',' read -ra extra <<< "${AFTER_FLAGS:-}"
+    run . "after-$label-$round" "${flags[@]}" "${extra[@]}"
   done
   stamp "round $round"
 done
