@@ -97,11 +97,6 @@ def train(
     p = pass_plan(planned or _plan(model_spec, machine, config, ranks), _graph_steps(config))
     check_feasible(p, dev) if ranks is None else check_ranks_fit(p, ranks, dev)
     checked_after = REPLAN_AFTER if replan_request is not None else None
-    checking = checked_after is not None and config.steps > REPLAN_AFTER
-    stops = [REPLAN_AFTER, config.steps] if checking else [config.steps]
-    if evaluate is not None:
-        stops = sorted({*stops, *eval_stops(evaluate, start_step, config.steps)})
-    eval_batches = evaluate.batches if evaluate is not None else 0
     optim = optim or AdamWConfig()
     options = Options(
         device=dev,
@@ -125,26 +120,46 @@ def train(
     )
     hooks = Hooks(on_step=on_step, on_save=on_save, save_every=save_every, on_finish=on_finish,
                   evaluate=evaluate)  # fmt: skip
-    checked: refit.Replanned | None = None
-    try:
-        first = _program(p, stops, 0, dev, ranks, eval_batches)
-        with Engine(first, start, batches, config.steps, hooks, options) as engine:
-            if checking:
-                assert replan_request is not None
-                engine.advance(REPLAN_AFTER)
-                if engine.done == REPLAN_AFTER and not engine.stopped:
-                    checked = _check_placement(engine, p, replan_request, stops, dev,
-                                               eval_batches)  # fmt: skip
-            engine.advance(config.steps)
-            result = engine.finish()
-    except torch.OutOfMemoryError as exc:
-        exc.add_note(_ledger_note(p))
-        raise
+    result, checked = _run(p, config.steps, start, batches, hooks, options, replan_request)
     if checked is not None:
         result.meta["replan"] = checked.summary()
         if refit_profile and checked.factors:
             refit_cache(dev, checked.factors, refit_key(p.model.name, p.config.batch, p.config.seq))
     return result
+
+
+def _run(
+    p: Plan,
+    steps: int,
+    start: Start,
+    batches: Iterable[tuple[torch.Tensor, ...]],
+    hooks: Hooks,
+    options: Options,
+    replan_request: TrainConfig | None,
+) -> tuple[TrainResult, refit.Replanned | None]:
+    """Run `steps` steps of `p`'s Program, stopping at `REPLAN_AFTER` to check the placement
+    when `replan_request` asks for it (the check may move the run into a new Program), and
+    at each eval step. An out-of-memory error carries the ledger's view of the plan."""
+    checking = replan_request is not None and steps > REPLAN_AFTER
+    stops = [REPLAN_AFTER, steps] if checking else [steps]
+    if hooks.evaluate is not None:
+        stops = sorted({*stops, *eval_stops(hooks.evaluate, start.step, steps)})
+    eval_batches = hooks.evaluate.batches if hooks.evaluate is not None else 0
+    checked: refit.Replanned | None = None
+    try:
+        first = _program(p, stops, 0, options.device, options.ranks, eval_batches)
+        with Engine(first, start, batches, steps, hooks, options) as engine:
+            if checking:
+                assert replan_request is not None
+                engine.advance(REPLAN_AFTER)
+                if engine.done == REPLAN_AFTER and not engine.stopped:
+                    checked = _check_placement(engine, p, replan_request, stops, options.device,
+                                               eval_batches)  # fmt: skip
+            engine.advance(steps)
+            return engine.finish(), checked
+    except torch.OutOfMemoryError as exc:
+        exc.add_note(_ledger_note(p))
+        raise
 
 
 def _graph_steps(config: TrainConfig) -> int:
