@@ -147,22 +147,36 @@ class _Micro(WeightUploads):
 
     # -- gradients -----------------------------------------------------------------------------
     def after_bwd(self, unit: int) -> None:
-        ctx, step = self.ctx, self.step
-        produced_by = ctx.oid(step, self.micro, unit, "loss" if unit == ctx.n + 1 else "bwd")
+        ctx = self.ctx
+        produced_by = ctx.oid(self.step, self.micro, unit, "loss" if unit == ctx.n + 1 else "bwd")
         if unit in ctx.streamed:
             self._streamed_update(unit)
-            return
-        if unit in ctx.resident:
-            if self.last and self.deferred:
-                self.deferred.grad_norm(
-                    unit, "gpu", [produced_by], ctx.at(grads(unit), ctx.on_gpu(unit))
-                )
-                self.deferred.defer(
-                    unit, lambda deps, scale: device_update(ctx, step, unit, deps, scale)
-                )
-            elif self.last:
-                ctx.last_update[unit] = device_update(ctx, step, unit)
-            return
+        elif unit in ctx.resident:
+            self._resident_update(unit, produced_by)
+        else:
+            d2h, landing = self._grad_down(unit, produced_by)
+            if self.last:
+                self._host_update(unit, d2h, landing)
+            else:
+                self._accumulate(unit, d2h, landing)
+
+    def _resident_update(self, unit: int, produced_by: str) -> None:
+        """A resident unit updates on the GPU after its last micro-batch (under global clipping,
+        once the norm is known)."""
+        ctx, step = self.ctx, self.step
+        if self.last and self.deferred:
+            self.deferred.grad_norm(
+                unit, "gpu", [produced_by], ctx.at(grads(unit), ctx.on_gpu(unit))
+            )
+            self.deferred.defer(
+                unit, lambda deps, scale: device_update(ctx, step, unit, deps, scale)
+            )
+        elif self.last:
+            ctx.last_update[unit] = device_update(ctx, step, unit)
+
+    def _grad_down(self, unit: int, produced_by: str) -> tuple[str, str]:
+        """A sliding unit's gradient down to a landing buffer: (the copy's id, the buffer)."""
+        ctx, step = self.ctx, self.step
         d2h = ctx.oid(step, self.micro, unit, "g.d2h")
         on_gpu = ctx.unit_slot.pop(unit)
         accumulates = ctx.config.grad_accum > 1  # the norm is the accumulated gradient's
@@ -185,28 +199,36 @@ class _Micro(WeightUploads):
             reads=[ctx.at(grads(unit), on_gpu)],
             writes=[ctx.taken(grads(unit))],
         )
-        if not self.last:
-            acc = ctx.home(R.GRAD_ACCUM, unit, "gacc")
-            ctx.b.emit(
-                ctx.oid(step, self.micro, unit, "g.accum"),
-                K.GRAD_ACCUM,
-                "cpu",
-                step=step,
-                unit=unit,
-                work=grad_accum_work(ctx, unit),
-                deps=[d2h],
-                release=[landing],
-                reads=[ctx.at(grads(unit), landing)],
-                writes=[acc and ctx.at(acc.name, acc.slot, accumulate=self.micro > 0)],
-            )
-            return
+        return d2h, landing
+
+    def _accumulate(self, unit: int, d2h: str, landing: str) -> None:
+        """A micro-batch before the last adds its landed gradient into the host accumulator."""
+        ctx = self.ctx
+        acc = ctx.home(R.GRAD_ACCUM, unit, "gacc")
+        ctx.b.emit(
+            ctx.oid(self.step, self.micro, unit, "g.accum"),
+            K.GRAD_ACCUM,
+            "cpu",
+            step=self.step,
+            unit=unit,
+            work=grad_accum_work(ctx, unit),
+            deps=[d2h],
+            release=[landing],
+            reads=[ctx.at(grads(unit), landing)],
+            writes=[acc and ctx.at(acc.name, acc.slot, accumulate=self.micro > 0)],
+        )
+
+    def _host_update(self, unit: int, d2h: str, landing: str) -> None:
+        """The host AdamW of a landed gradient: at once, or under global clipping speculated
+        (redone if the norm says so) or deferred to the norm (its gradient kept or spilled)."""
+        ctx, step = self.ctx, self.step
         landed = ctx.at(grads(unit), landing)
         if not self.deferred:
             self.io.update(self.order, unit, deps=[d2h], grads=landed, release=(landing,))
             return
         kept, landed_at = landed, d2h
         release: tuple[str, ...] = (landing,)
-        if accumulates:  # the whole gradient is the host's sum: its norm there
+        if ctx.config.grad_accum > 1:  # the whole gradient is the host's sum: its norm there
             kept, release = None, ()
             landed_at = self.deferred.grad_norm(unit, "cpu", [d2h], landed, accumulator=True,
                                                 release=(landing,))  # fmt: skip
