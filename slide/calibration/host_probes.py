@@ -215,9 +215,30 @@ def profile(
     """The machine the probe results describe; every figure's source is `stamp: <how>`. The
     drive (when `got` has an "nvme" probe) is the one holding `nvme_dir`."""
     peak, peak_source = _datasheet_peak(host.gpu, got["matmul"].value / 1e12)
-    adam_all, adam_half, loaded = got["adam_all"], got["adam_half"], got["adam_under_dma"]
-    half, link, cores, floors = adam_half.threads, got["link"], host.cores, got["floors"]
-    gpu = Gpu(
+    link = got["link"]
+    drives = () if "nvme" not in got else (_drive(got["nvme"], nvme_dir or Path(".")),)
+    notes = _notes(host, got, bool(drives))
+    sources = {"gpu.bf16_peak_tflops": peak_source} | {k: f"{stamp}: {v}" for k, v in notes.items()}
+    return Machine(
+        name=name,
+        gpu=_gpu(host, got, peak),
+        link=Link(
+            name="measured-link",
+            **{f"{k}_bytes_per_s": link[k].value for k in _LINK_KEYS},
+            h2d_grid=link["h2d_grid"].text,
+            d2h_grid=link["d2h_grid"].text,
+        ),
+        cpu=_cpu(host, got),
+        ram_bytes=host.ram_bytes,
+        nvme=drives,
+        price_usd=None,
+        sources=freeze_sources(sources),
+    )
+
+
+def _gpu(host: Host, got: Mapping[str, Any], peak: float) -> Gpu:
+    floors = got["floors"]
+    return Gpu(
         name=_slug(host.gpu),
         memory_bytes=host.gpu_memory_bytes,
         bf16_peak_tflops=peak,
@@ -233,19 +254,28 @@ def profile(
         gemm_grid=got["gemm_grid"].text,
         attention_grid=got["attention_grid"].text,
     )
-    # A per-core rate from the half-core run and a DRAM bound from the all-core run (28 B/elem):
-    # rate(threads) = min(threads * per_core, dram / 28) reproduces both measurements.
-    cpu = Cpu(
-        name=f"{_slug(host.cpu)}-{cores}c",
-        cores=cores,
-        adam_elems_per_s_per_core=adam_half.value / half,
-        cast_elems_per_s_per_core=got["cast"].value / cores,
+
+
+def _cpu(host: Host, got: Mapping[str, Any]) -> Cpu:
+    """A per-core rate from the half-core run and a DRAM bound from the all-core run (28 B/elem):
+    rate(threads) = min(threads * per_core, dram / 28) reproduces both measurements."""
+    adam_all, adam_half, loaded = got["adam_all"], got["adam_half"], got["adam_under_dma"]
+    return Cpu(
+        name=f"{_slug(host.cpu)}-{host.cores}c",
+        cores=host.cores,
+        adam_elems_per_s_per_core=adam_half.value / adam_half.threads,
+        cast_elems_per_s_per_core=got["cast"].value / host.cores,
         dram_bytes_per_s=max(adam_all.value, adam_half.value) * 28,
         dram_under_dma_bytes_per_s=loaded.value * 28,
         simd="measured host",
         adam_grid=_with_units(got["adam_grid"].text, adam_all, adam_half),
     )
-    drives = () if "nvme" not in got else (_drive(got["nvme"], nvme_dir or Path(".")),)
+
+
+def _notes(host: Host, got: Mapping[str, Any], with_drive: bool) -> dict[str, str]:
+    """How each figure of the profile was measured, by its field."""
+    adam_all, adam_half, loaded = got["adam_all"], got["adam_half"], got["adam_under_dma"]
+    link, floors = got["link"], got["floors"]
     notes = {
         "gpu.memory_bytes": "torch.cuda.get_device_properties().total_memory",
         "gpu.bf16_matmul_tflops": got["matmul"].note,
@@ -264,33 +294,18 @@ def profile(
         **{f"link.{k}_bytes_per_s": link[k].note for k in _LINK_KEYS},
         "cpu.cores": "os.sched_getaffinity",
         "cpu.simd": "not probed",
-        "cpu.adam_elems_per_s_per_core": adam_half.note + f" / {half}",
+        "cpu.adam_elems_per_s_per_core": adam_half.note + f" / {adam_half.threads}",
         "cpu.dram_bytes_per_s": adam_all.note + " x 28 B/element",
         "cpu.dram_under_dma_bytes_per_s": loaded.note + " x 28 B/element",
-        "cpu.cast_elems_per_s_per_core": got["cast"].note + f" / {cores}",
+        "cpu.cast_elems_per_s_per_core": got["cast"].note + f" / {host.cores}",
         "ram_bytes": "os.sysconf physical pages",
     }
     if host.sms:
         notes["gpu.sm_count"] = "torch.cuda.get_device_properties().multi_processor_count"
-    if drives:
+    if with_drive:
         notes |= {f"nvme[0].{k}": got["nvme"]["read"].note for k in _DRIVE_KEYS}
         notes |= {f"nvme[0].{k}": got["nvme"][k].note for k in ("read_grid", "write_grid")}
-    sources = {"gpu.bf16_peak_tflops": peak_source} | {k: f"{stamp}: {v}" for k, v in notes.items()}
-    return Machine(
-        name=name,
-        gpu=gpu,
-        link=Link(
-            name="measured-link",
-            **{f"{k}_bytes_per_s": link[k].value for k in _LINK_KEYS},
-            h2d_grid=link["h2d_grid"].text,
-            d2h_grid=link["d2h_grid"].text,
-        ),
-        cpu=cpu,
-        ram_bytes=host.ram_bytes,
-        nvme=drives,
-        price_usd=None,
-        sources=freeze_sources(sources),
-    )
+    return notes
 
 
 _FLOOR_FIELDS = {"fwd": "layer_fwd_floor_s", "bwd": "layer_bwd_floor_s", "loss": "loss_floor_s"}
