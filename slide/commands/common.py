@@ -62,13 +62,31 @@ def add_machine_overrides(parser: argparse.ArgumentParser) -> None:
 
 
 def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> None:
+    """The training configuration's flags, in `--help`'s groups: the step, the placement, where
+    the state lives, clipping."""
+    _add_step(parser.add_argument_group("the step"), batch=batch)
+    _add_placement(parser.add_argument_group("placement (what runs where on the GPU)"))
+    _add_homes(parser.add_argument_group("where the state lives"))
+    _add_clipping(parser.add_argument_group("gradient clipping"))
+
+
+def _add_step(group: argparse._ArgumentGroup, *, batch: bool) -> None:
     if batch:
-        parser.add_argument("--batch", type=int, default=16, help="micro-batch size [%(default)s]")
-    parser.add_argument("--seq", type=int, default=1024, help="sequence length [%(default)s]")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps [%(default)s]")
-    parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step [1]")
-    parser.add_argument("--schedule", choices=SCHEDULES, default="sliding")
-    parser.add_argument(
+        group.add_argument("--batch", type=int, default=16, help="micro-batch size [%(default)s]")
+    group.add_argument("--seq", type=int, default=1024, help="sequence length [%(default)s]")
+    group.add_argument("--steps", type=int, default=3, help="optimizer steps [%(default)s]")
+    group.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step [1]")
+    group.add_argument("--schedule", choices=SCHEDULES, default="sliding")
+    group.add_argument(
+        "--reduce-bucket",
+        type=float,
+        default=5e8,
+        help="--schedule zero-offload: DeepSpeed's reduce_bucket_size, in elements [5e8]",
+    )
+
+
+def _add_placement(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--placement",
         choices=PLACEMENTS,
         default="fast",
@@ -77,27 +95,54 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "depth, searched together); small = the smallest footprint (everything sliding, inputs "
         "on the host, 3 cache units) [fast]",
     )
-    parser.add_argument(
+    group.add_argument(
         "--gpu-memory-gb",
         type=float,
         help="use at most this much GPU memory, in GiB (for a shared GPU or a second job) [all of it]",
     )
-    parser.add_argument(
+    group.add_argument(
+        "--cache-units",
+        default="auto",
+        help="GPU cache units for sliding layers (>= 2) or 'auto' (chosen by --placement) [auto]",
+    )
+    group.add_argument(
+        "--resident",
+        default="auto",
+        help="units kept whole on the GPU (state and update there): a count or 'auto' (chosen "
+        "by --placement) [auto]",
+    )
+    group.add_argument(
+        "--streamed",
+        default="auto",
+        help="sliding units updated on the GPU, their FP32 state streamed over the link: a "
+        "count or 'auto' (chosen by --placement) [auto]",
+    )
+    group.add_argument(
+        "--keep-activations",
+        default="auto",
+        help="top decoder layers whose forward keeps its autograd tape on the GPU for the "
+        "backward instead of recomputing it: a count or 'auto' (chosen by --placement; "
+        "--placement small keeps none) [auto]",
+    )
+
+
+def _add_homes(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--activations",
         choices=ACTIVATION_CHOICES,
         default="auto",
         help="where checkpointed layer inputs live; auto: chosen by --placement [auto]",
     )
-    parser.add_argument(
+    group.add_argument(
         "--optimizer",
         choices=OPTIMIZER_PLACES,
         default="cpu",
         help="where FP32 master weights and Adam moments live [cpu]",
     )
-    parser.add_argument(
+    group.add_argument(
         "--moments", choices=MOMENT_DTYPES, default="fp32", help="Adam moment precision [fp32]"
     )
-    parser.add_argument(
+    group.add_argument(
         "--host-weights",
         choices=HOST_WEIGHT_MODES,
         default="auto",
@@ -107,7 +152,7 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "pinned copy of every unit that the update writes (2 B/param more host RAM, less host "
         "work); auto: the faster plan that fits, cast on a tie [auto]",
     )
-    parser.add_argument(
+    group.add_argument(
         "--lean-buffers",
         action="store_true",
         help="the host's copy buffers one deep, each the size of the largest unit (one "
@@ -115,36 +160,15 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "layer inputs on NVMe): the least host RAM, "
         "slower; the planner uses them anyway where nothing else fits [off]",
     )
-    parser.add_argument(
-        "--cache-units",
-        default="auto",
-        help="GPU cache units for sliding layers (>= 2) or 'auto' (chosen by --placement) [auto]",
-    )
-    parser.add_argument(
-        "--resident",
-        default="auto",
-        help="units kept whole on the GPU (state and update there): a count or 'auto' (chosen "
-        "by --placement) [auto]",
-    )
-    parser.add_argument(
-        "--streamed",
-        default="auto",
-        help="sliding units updated on the GPU, their FP32 state streamed over the link: a "
-        "count or 'auto' (chosen by --placement) [auto]",
-    )
-    parser.add_argument(
-        "--keep-activations",
-        default="auto",
-        help="top decoder layers whose forward keeps its autograd tape on the GPU for the "
-        "backward instead of recomputing it: a count or 'auto' (chosen by --placement; "
-        "--placement small keeps none) [auto]",
-    )
-    parser.add_argument(
+    group.add_argument(
         "--cpu-threads",
         type=int,
         help="host optimizer threads [every core but four, shared by --nproc ranks]",
     )
-    parser.add_argument("--clip", choices=CLIP_MODES, default="global",
+
+
+def _add_clipping(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--clip", choices=CLIP_MODES, default="global",
                         help="gradient clipping: global is torch's clip_grad_norm_ over every "
                         "parameter, as HF Trainer's max_grad_norm (the updates wait for the "
                         "norm and overlap the next forward, or speculate: see --speculate; a "
@@ -152,8 +176,8 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
                         "H200, measured without speculation); per-unit clips each "
                         "layer's gradient by its own norm before its update (the updates "
                         "overlap the backward); none [global]")  # fmt: skip
-    parser.add_argument("--clip-norm", type=float, default=1.0, help="max norm for --clip [1.0]")
-    parser.add_argument(
+    group.add_argument("--clip-norm", type=float, default=1.0, help="max norm for --clip [1.0]")
+    group.add_argument(
         "--held-grads",
         choices=HELD_GRAD_PLACES,
         default="auto",
@@ -162,19 +186,13 @@ def add_train_config(parser: argparse.ArgumentParser, *, batch: bool = True) -> 
         "for their update: 4 B/param more drive traffic a step, no speculation); auto: the "
         "faster plan that fits, ram on a tie [auto]",
     )
-    parser.add_argument(
+    group.add_argument(
         "--speculate",
         default="auto",
         help="--clip global: host-updated units (the first to land) whose update runs as its "
         "gradient lands, its old state saved (12 B/param more RAM), and is redone after the "
         "norm in a step that clips: a count or 'auto' (the least expected step, counting a "
         "rolled-back step as one in four) [auto]",
-    )
-    parser.add_argument(
-        "--reduce-bucket",
-        type=float,
-        default=5e8,
-        help="--schedule zero-offload: DeepSpeed's reduce_bucket_size, in elements [5e8]",
     )
 
 

@@ -88,69 +88,84 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("float32", "bfloat16"),
         help="compute dtype [bfloat16 on cuda, float32 on cpu]",
     )
-    parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="cosine")
-    parser.add_argument("--warmup-steps", type=int, default=0)
-    parser.add_argument("--weight-decay", type=float, default=0.0)
-    parser.add_argument("--betas", default="0.9,0.999", help="Adam betas as b1,b2 [0.9,0.999]")
-    parser.add_argument("--eps", type=float, default=1e-8)
-    parser.add_argument(
+    _add_optimizer(parser.add_argument_group("the optimizer"))
+    _add_run_directory(parser.add_argument_group("checkpoints (--out, --resume)"))
+    _add_logging(parser.add_argument_group("metrics, traces and progress"))
+
+
+def _add_optimizer(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--lr", type=float, default=1e-5, help="peak learning rate [%(default)s]")
+    group.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="cosine",
+                       help="the LR after the warm-up, to 0 at the last step [cosine]")  # fmt: skip
+    group.add_argument("--warmup-steps", type=int, default=0, help="linear LR warm-up steps [0]")
+    group.add_argument(
+        "--weight-decay", type=float, default=0.0, help="AdamW's decoupled weight decay [0.0]"
+    )
+    group.add_argument("--betas", default="0.9,0.999", help="Adam betas as b1,b2 [0.9,0.999]")
+    group.add_argument("--eps", type=float, default=1e-8, help="Adam epsilon [1e-8]")
+
+
+def _add_run_directory(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--out",
         help="run directory: checkpoints/step-N/, `latest`, and the newest HF checkpoint "
         "(from_pretrained(OUT) loads it); refused if it holds files Slide did not write",
     )
-    parser.add_argument(
+    group.add_argument(
         "--overwrite",
         action="store_true",
         help="write into a non-empty --out anyway (Slide's files only: nothing else there is "
         "touched), or start a new run over a previous run's checkpoints",
     )
-    parser.add_argument(
+    group.add_argument(
         "--save-every", type=int, default=0, help="also checkpoint every N steps [0: at the end]"
     )
-    parser.add_argument("--keep", type=int, default=2, help="checkpoints kept in --out [2]")
-    parser.add_argument(
+    group.add_argument("--keep", type=int, default=2, help="checkpoints kept in --out [2]")
+    group.add_argument(
         "--resume", help="continue from a run directory (its latest checkpoint) or a checkpoint"
     )
-    parser.add_argument(
+    group.add_argument(
         "--extend-schedule",
         action="store_true",
         help="with --resume and a different --steps: re-plan the LR schedule over the new "
         "--steps from the step reached (the LR jumps to that step's value on the new schedule)",
     )
-    parser.add_argument("--metrics", help="write one JSON object per step to this .jsonl file")
-    parser.add_argument(
+
+
+def _add_logging(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--metrics", help="write one JSON object per step to this .jsonl file")
+    group.add_argument(
         "--tensorboard",
         metavar="DIR",
         help="also write each step's metrics (loss, lr, step time, tokens/s, ...) as "
         "TensorBoard scalars into DIR (needs pip install 'slide[tensorboard]')",
     )
-    parser.add_argument("--trace", help="write the measured Chrome trace JSON here")
-    parser.add_argument(
+    group.add_argument("--trace", help="write the measured Chrome trace JSON here")
+    group.add_argument(
         "--trace-steps",
         help="steps A:B (inclusive, counted from this run's first) that --trace, --gantt and "
         "--save-trace show and the summary's lane figures (eta) are measured on; only their "
         "spans are kept (the summary's tokens/s counts every steady step) "
         "[1:4, or 7:10 where the run re-checks its placement after step 6]",
     )
-    parser.add_argument(
+    group.add_argument(
         "--log-every",
         type=int,
         default=10,
         help="every N steps the metrics line adds tokens/s and each lane's busy share over "
         "those N [10]",
     )
-    parser.add_argument(
+    group.add_argument(
         "--max-skipped-steps",
         type=int,
         default=10,
         help="with --clip global, stop after this many steps in a row skipped for a "
         "non-finite gradient norm [10]",
     )
-    parser.add_argument("--gantt", help="write the measured Gantt chart PNG here")
-    parser.add_argument("--save-trace", help="write the measured Trace in Slide's format here")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument(
+    group.add_argument("--gantt", help="write the measured Gantt chart PNG here")
+    group.add_argument("--save-trace", help="write the measured Trace in Slide's format here")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    group.add_argument(
         "--no-replan",
         action="store_true",
         help="keep the plan made at the start (by default a CUDA run re-fits its machine "
