@@ -7,8 +7,8 @@ built (logged once), `update_host_torch` does the same with torch's fused CPU Ad
 (`torch._fused_adamw_`) in chunks of `CHUNK` elements: per chunk the gradient is upcast to FP32
 (scratch), master and moments are updated, and the new master is cast into the copy while the
 chunk is still in cache. The two agree bit for bit but for the last bit of v at the few
-elements torch's scalar tail handles. Device units (resident, gpu-only) get the fused op on the
-GPU.
+elements torch's scalar tail handles. Device units (resident, streamed, gpu-only) get one pass
+of the Triton AdamW on CUDA (`update_device`).
 
 Semantics equal `torch.optim.AdamW`: decoupled weight decay (`p -= lr * wd * p`), bias
 correction with the optimizer step count, no decay for 1-D parameters (norms, biases).
@@ -23,7 +23,8 @@ from typing import Protocol
 
 import torch
 
-from executor import host_adam
+import slide_kernels
+from executor import fused, host_adam
 from executor.buffers import OptState
 
 SCHEDULES = ("constant", "cosine", "linear")
@@ -277,15 +278,16 @@ def update_device(
     state: OptState,
     hp: StepHp,
     step_t: torch.Tensor,
-    grad32: torch.Tensor | None = None,
 ) -> None:
     """AdamW of a resident or streamed unit, in place on the device (whole unit, no chunking).
-    `grad32`: FP32 scratch for the gradient's upcast (else a temporary)."""
+    On CUDA one pass of `slide_kernels.adamw_step` per decay range: the gradient, the state and
+    the weights each touched once, the clipping scale applied in the pass. Elsewhere torch's
+    fused AdamW on an FP32 upcast of the gradient, then the master copied into the weights."""
+    if fused.one_pass_adamw(state.master):
+        _update_one_pass(layout, weights, grad, state, hp)
+        return
     step_t.fill_(float(hp.step))
-    if grad32 is not None:
-        g32 = grad32.copy_(grad)
-    else:
-        g32 = grad if grad.dtype == torch.float32 else grad.float()
+    g32 = grad if grad.dtype == torch.float32 else grad.float()
     coef = clip_coef(g32, hp.clip_norm, hp.sum_over_ranks)
     if coef is not None:
         g32 = g32 * coef
@@ -300,3 +302,17 @@ def update_device(
             m.copy_(m32)
             v.copy_(v32)
     weights.copy_(state.master)
+
+
+def _update_one_pass(
+    layout: Ranges, weights: torch.Tensor, grad: torch.Tensor, state: OptState, hp: StepHp
+) -> None:
+    c = hp.config
+    coef = clip_coef(grad, hp.clip_norm, hp.sum_over_ranks)
+    scale = hp.grad_scale if hp.grad_scale is not None else 1.0
+    for lo, hi, decay in layout.decay_ranges():
+        slide_kernels.adamw_step(
+            state.master[lo:hi], grad[lo:hi], state.m[lo:hi], state.v[lo:hi], weights[lo:hi],
+            step=hp.step, lr=hp.lr, betas=c.betas, eps=c.eps,
+            weight_decay=c.weight_decay if decay else 0.0, coef=coef, grad_scale=scale,
+        )  # fmt: skip

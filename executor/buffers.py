@@ -8,8 +8,7 @@ the device: resident, ZeRO-offload, gpu-only), `devopt.{u}` (its device FP32 mas
 `bf16.{u}` (pinned compute-dtype copy the next upload reads), `master.{u}`, `moments.{u}`,
 `accum.{u}` (host FP32; pinned for streamed units), `landing.{u}` (ZeRO-offload's FP32 gradient
 landing). `Buffers.key(value, unit)` finds an op's value: its slot, or the unit's key there. A
-streamed unit's GPU slot is an `OptState` sized to its pool's largest unit, with its FP32
-gradient scratch beside it under `<slot>.grad`. A pool's bytes per element say its dtype: 4 is
+streamed unit's GPU slot is an `OptState` sized to its pool's largest unit. A pool's bytes per element say its dtype: 4 is
 FP32, 2 (the ledger's BF16) the compute dtype (FP32 in CPU tests: twice the bytes); a pool whose
 slot is one array (hidden states, a micro-batch's tokens, a step's loss) has it as `Pool.shape`. The GPU
 workspace is not pre-allocated by hand: autograd and the LCE kernel take it from torch's caching
@@ -283,12 +282,11 @@ class _Allocator:
             self.put(pool, f"{prefix}.{unit}", t, t.numel() * t.element_size())
 
     def stream_slots(self, pool: Pool) -> None:
-        """GPU staging of streamed units: master, moments and FP32 gradient scratch per slot."""
+        """GPU staging of streamed units: master and moments per slot."""
         s, numel = self.s, self.largest(pool)
         for key in pool.slot_ids():
             state_bytes = numel * (4 + 2 * s.moments_dtype.itemsize)
             self.put(pool, key, _dev_opt_state(s, numel), state_bytes)
-            self.put(pool, f"{key}.grad", _dev(s, numel, torch.float32), 4 * numel)
 
     def resident(self, pool: Pool) -> None:
         s = self.s

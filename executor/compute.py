@@ -203,15 +203,12 @@ def eval_loss(env: Env, lane: LaneState, op: Op) -> None:
 
 def gpu_adam(env: Env, lane: LaneState, op: Op) -> None:
     """A resident unit's AdamW (state in its resident slot), or a streamed one's (state in the
-    slot it was uploaded to, its FP32 gradient upcast into the slot's scratch)."""
+    slot it was uploaded to)."""
     u = op.unit
     runs, scale = env.update_scale(op)
     if not runs:
         return
-    unit, shard, state_value = env.buffers.unit_at(op.reads[0], u), env.shards[u], op.reads[1]
-    state = env.opt_state(state_value, u)
-    grad32 = None
-    if state_value.slot in env.buffers.items:  # a streamed-state slot: its scratch beside it
-        grad32 = env.buffers.tensor(f"{state_value.slot}.grad")[: shard.numel]
+    unit, shard = env.buffers.unit_at(op.reads[0], u), env.shards[u]
+    state = env.opt_state(op.reads[1], u)
     w, g = (t[shard.start : shard.end] for t in (unit.w, unit.g))
-    adam.update_device(shard, w, g, state, env.hp(op.step, lane.lane, scale), env.step_t, grad32)
+    adam.update_device(shard, w, g, state, env.hp(op.step, lane.lane, scale), env.step_t)

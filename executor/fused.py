@@ -26,6 +26,12 @@ def _triton(t: torch.Tensor) -> bool:
     return t.is_cuda and not _FORCE_TORCH
 
 
+def one_pass_adamw(master: torch.Tensor) -> bool:
+    """Whether a device update of `master` runs `slide_kernels.adamw_step` (else torch's fused
+    AdamW on an FP32 gradient: the CPU executor, whose runs match plain PyTorch bit for bit)."""
+    return _triton(master)
+
+
 def grouped_linear(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, sizes: tuple[int, ...]
 ) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Triton kernels for Slide's layers: fused linear cross-entropy, RMSNorm, RoPE, SwiGLU.
+"""Triton kernels for Slide's layers: fused linear cross-entropy, RMSNorm, RoPE, SwiGLU, and the
+one-pass AdamW of a device update.
 
 Each op is one module with its Triton kernels, launchers, an autograd Function and one public
 function; `slide_kernels.reference` holds the pure-torch equivalents (test gold, benchmark baseline, and
@@ -8,6 +9,7 @@ the fallback where Triton cannot run). Knows nothing of schedules.
 from slide_kernels.rope_freqs import rope_cos_sin, rope_inv_freq
 
 try:
+    from slide_kernels.adamw import adamw_step
     from slide_kernels.lce import fused_linear_cross_entropy
     from slide_kernels.rms_norm import rms_norm
     from slide_kernels.rope import rope
@@ -23,6 +25,7 @@ except ImportError as exc:  # no triton: every op is its pure-torch reference
 
 
 __all__ = [
+    "adamw_step",
     "fused_linear_cross_entropy",
     "rms_norm",
     "rope",

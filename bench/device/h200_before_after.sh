@@ -16,7 +16,9 @@ bundle() { tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"; }
 python3 -c "import numpy as np; np.save('/tmp/tok.npy', np.random.default_rng(0).integers(0, 128000, 4_000_000))"
 run() {  # tree label flags...
   local tree=$1 label=$2; shift 2
-  (cd "$tree" && PYTHONPATH=/tmp/site:$PWD timeout 170 python3 -m slide.cli train \
+  # each tree its own --machine auto profile and re-fits: probed by its own code
+  (cd "$tree" && XDG_CACHE_HOME="/tmp/slide-cache-${label%%-*}" PYTHONPATH=/tmp/site:$PWD \
+     timeout 170 python3 -m slide.cli train \
      --data /tmp/tok.npy --steps "${STEPS:-10}" --no-progress "$@" > "$OUT/$label.json" 2> "$OUT/$label.err")
   python3 - "$OUT/$label.json" "$label" >> "$OUT/before_after.jsonl" <<'PY'
 import json, sys

@@ -172,11 +172,11 @@ def gpu_adam_rate(elements: int = 64 * MB) -> Figure:
     )
     grad = torch.rand(elements, device="cuda").to(torch.bfloat16)
     weights = torch.empty(elements, device="cuda", dtype=torch.bfloat16)
-    grad32, step_t = torch.empty(elements, device="cuda"), torch.zeros((), device="cuda")
+    step_t = torch.zeros((), device="cuda")
     hp = StepHp(step=1, lr=1e-4, config=AdamWConfig(lr=1e-4, weight_decay=0.01))
     layout = WholeBuffer(elements)
     seconds = cuda_median(
-        lambda: update_device(layout, weights, grad, state, hp, step_t, grad32),
+        lambda: update_device(layout, weights, grad, state, hp, step_t),
         repeats=5,
     )
     return Figure(elements / seconds, f"executor device AdamW, {elements / 1e6:.0f}M elements")

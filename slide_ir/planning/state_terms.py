@@ -75,13 +75,13 @@ def opt_staging_terms(
 def streamed_staging_terms(
     terms: Terms, model: ModelSpec, config: TrainConfig, streamed: tuple[int, ...]
 ) -> None:
-    """The GPU side of streamed updates: per slot one unit's FP32 master, moments and FP32
-    gradient (the update's upcast), one slot per streamed unit: the schedule moves the state
-    when the link is free, so most of the step's states are on the GPU at once."""
-    per = 2 * FP32 + config.moment_bytes
+    """The GPU side of streamed updates: per slot one unit's FP32 master and moments, one slot
+    per streamed unit: the schedule moves the state when the link is free, so most of the
+    step's states are on the GPU at once."""
+    per = FP32 + config.moment_bytes
     for group, members in unit_groups(model, list(streamed)):
         terms.add_group(f"gpu_opt_{group}", Tier.GPU, members, unit_params(model, members[0]),
-                        per, "streamed optimizer state (fp32 master, moments, grad)",
+                        per, "streamed optimizer state (fp32 master, moments)",
                         role=R.STREAM_STATE, static=False)  # fmt: skip
 
 

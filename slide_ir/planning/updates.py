@@ -39,11 +39,10 @@ def adam_work(ctx: Ctx, unit: int, *, saved: int = 0) -> Work:
 
 
 def gpu_adam_work(ctx: Ctx, unit: int) -> Work:
-    """The GPU AdamW of a resident or streamed unit as the executor runs it: the host update's 28 B/param,
-    plus the BF16 gradient's FP32 upcast through a temporary (written, then read: 8 B) and the
-    BF16 weights re-read from the updated FP32 master (4 B more than the fused cast counted)."""
+    """The GPU AdamW of a resident or streamed unit as the executor runs it: one pass, the host
+    update's bytes (the gradient, master and moments, the weights written from the new master)."""
     p = ctx.params(unit)
-    return Work(elements=p, bytes=p * (adam_bytes_per_param(ctx.config) + 3 * FP32))
+    return Work(elements=p, bytes=p * adam_bytes_per_param(ctx.config))
 
 
 def grad_accum_work(ctx: Ctx, unit: int) -> Work:

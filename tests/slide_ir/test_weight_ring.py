@@ -4,6 +4,8 @@ search whose answers fit as planned."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from slide_ir.ir.graph import OpKind, PoolRole
@@ -99,11 +101,13 @@ def test_auto_keeps_the_faster_plan_that_fits(llama8b, pc) -> None:
     auto = plan(llama8b, pc, config)
     faster = min(both, key=lambda w: both[w].choice.predicted_step_s)  # type: ignore[union-attr]
     assert auto.config.host_weights == faster
-    need = {w: p.ledger.peak_bytes("cpu") for w, p in both.items()}
+    small = TrainConfig(**{**_fields(config), "placement": "small"})
+    need = {w: plan(llama8b, pc, replace(small, host_weights=w)).ledger.peak_bytes("cpu")
+            for w in ("cast", "pinned")}  # fmt: skip
     assert need["cast"] < need["pinned"]
     tight = load_machine("paper-pc-4090", ram_gb=(need["cast"] + need["pinned"]) / 2 / 0.95 / 2**30)
-    small = plan(llama8b, tight, TrainConfig(**{**_fields(config), "placement": "small"}))
-    assert small.feasible and small.config.host_weights == "cast"
+    chosen = plan(llama8b, tight, small)
+    assert chosen.feasible and chosen.config.host_weights == "cast"
 
 
 def _fields(config: TrainConfig) -> dict:

@@ -34,6 +34,9 @@ FP32 = {
     ),
     "rope": Tol(rtol=1e-5, atol=1e-6, reason="two products and one sum in fp32 per element"),
     "swiglu": Tol(rtol=1e-5, atol=1e-6, reason="elementwise fp32 sigmoid and products"),
+    "adamw": Tol(
+        rtol=1e-5, atol=1e-6, reason="elementwise fp32: two moment updates, a sqrt and a division"
+    ),
     "rope_cos_sin": Tol(
         rtol=0.0, atol=0.0, reason="same fp32 operations in the same order as transformers"
     ),
