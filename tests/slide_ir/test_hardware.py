@@ -117,7 +117,7 @@ def test_h200_preset_carries_the_measured_gpu_and_link() -> None:
     m = load_machine("h200-16c-128g")
     assert m.gpu.bf16_matmul_tflops == 725.21 and m.gpu.memory_bytes == 143771 * 2**20
     assert (m.link.h2d_bytes_per_s, m.link.duplex_bytes_per_s) == (55.21e9, 49.18e9)
-    assert m.gpu.lce_logits_per_s == 25.9e9 and m.gpu.adam_elems_per_s == 78.08e9
+    assert m.gpu.lce_logits_per_s == 25.9e9 and m.gpu.adam_elems_per_s == 135.07e9
     assert m.ram_bytes == 125 * GIB and m.nvme[0].gds is False
     assert m.source("gpu.bf16_matmul_tflops").startswith(
         "measured: NVIDIA H200, 2026-11-30, slide calibrate"
