@@ -8,11 +8,12 @@ the device: resident, ZeRO-offload, gpu-only), `devopt.{u}` (its device FP32 mas
 `bf16.{u}` (pinned compute-dtype copy the next upload reads), `master.{u}`, `moments.{u}`,
 `accum.{u}` (host FP32; pinned for streamed units), `landing.{u}` (ZeRO-offload's FP32 gradient
 landing). `Buffers.key(value, unit)` finds an op's value: its slot, or the unit's key there. A
-streamed unit's GPU slot is an `OptState` sized to its pool's largest unit. A pool's bytes per element say its dtype: 4 is
-FP32, 2 (the ledger's BF16) the compute dtype (FP32 in CPU tests: twice the bytes); a pool whose
-slot is one array (hidden states, a micro-batch's tokens, a step's loss) has it as `Pool.shape`. The GPU
-workspace is not pre-allocated by hand: autograd and the LCE kernel take it from torch's caching
-allocator on step 1 and reuse the same segments afterwards (the GPU test checks it stays flat).
+streamed unit's GPU slot is an `OptState` sized to its pool's largest unit. A pool's bytes per
+element say its dtype: 4 is FP32, 2 (the ledger's BF16) the compute dtype (FP32 in CPU tests:
+twice the bytes); a pool whose slot is one array (hidden states, a micro-batch's tokens, a
+step's loss) has it as `Pool.shape`. The GPU workspace is not pre-allocated by hand: autograd
+and the LCE kernel take it from torch's caching allocator on step 1 and reuse the same segments
+afterwards (the GPU test checks it stays flat).
 """
 
 from __future__ import annotations

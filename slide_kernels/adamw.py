@@ -5,10 +5,10 @@ the new master in the same pass.
 torch's fused AdamW needs FP32 gradients and moments and writes only the master, so a device
 update built on it upcasts the gradient into a temporary, scales it for clipping in another
 pass and copies the master into the weights in a third: 40-52 B/param where this kernel moves
-28 (BF16 gradient, FP32 state, BF16 weights). The arithmetic is torch's (decoupled decay
-`p -= lr * wd * p`, then `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g g`,
+28 (BF16 gradient, FP32 state, BF16 weights). The update is torch's AdamW (decoupled decay
+as `p *= 1 - lr * wd`, then `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g g`,
 `p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)`), in FP32; it agrees with torch's to a few
-ulp, not bitwise (the FP32 bias corrections are rounded on the host here).
+ulp, not bitwise (the decay factor and the bias corrections are rounded on the host here).
 """
 
 import math
