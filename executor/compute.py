@@ -78,26 +78,28 @@ def _fwd_taped(
     env: Env, lane: LaneState, op: Op, unit: GpuUnit, out: torch.Tensor, kept: Value
 ) -> None:
     """A forward that keeps its tape for `bwd` (the value `kept`): the recompute's work, done
-    once; the output is copied into its slot."""
+    once; the output goes straight into its slot."""
     u = op.unit
     tape = Tape(weights=unit.w)
     tape.x = env.buffers.of(op.reads[1], u).detach().clone().requires_grad_()
     tape.leaves = _leaves(env.layouts[u].views(unit.w))
     with torch.enable_grad(), tape.hooks():
-        tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, lane.rope_for(env))
-    out.copy_(tape.out.detach())
+        tape.root = layers.decoder_layer_taped(
+            tape.x, tape.leaves, env.spec, lane.rope_for(env), out=out
+        )
     lane.tapes[kept.name] = tape
 
 
 def recompute(env: Env, lane: LaneState, op: Op) -> None:
-    """The layer's forward again from its saved input, keeping the autograd tape for `bwd`."""
+    """The layer's forward again from its saved input, keeping the autograd tape for `bwd`
+    (without the down projection's output: `layers.decoder_layer_taped`)."""
     u = op.unit
     unit = env.buffers.unit_at(op.reads[0], u)
     tape = Tape(weights=unit.w)
     tape.x = env.buffers.of(op.reads[1], u).detach().requires_grad_()
     tape.leaves = _leaves(env.layouts[u].views(unit.w))
     with torch.enable_grad():
-        tape.out = layers.decoder_layer(tape.x, tape.leaves, env.spec, lane.rope_for(env))
+        tape.root = layers.decoder_layer_taped(tape.x, tape.leaves, env.spec, lane.rope_for(env))
     lane.tapes[op.writes[0].name] = tape  # the recompute's one write: the tape
 
 
@@ -116,11 +118,11 @@ def bwd(env: Env, lane: LaneState, op: Op) -> None:
     name = kept.name
     assert name in lane.tapes, f"{op.id}: no forward or recompute wrote {name}"
     tape = lane.tapes.pop(name)
-    assert tape.out is not None and tape.x is not None
+    assert tape.root is not None and tape.x is not None
     tape.weights = env.buffers.unit_at(op.reads[0], u).w  # where a kept tape's weights are now
     tape.x.grad = env.buffers.of(op.writes[1], u).zero_()
     _point_grads(tape.leaves, env.layouts[u].views(unit.g))
-    torch.autograd.backward(tape.out, grad_out, inputs=[tape.x, *tape.leaves.values()])
+    torch.autograd.backward(tape.root, grad_out, inputs=[tape.x, *tape.leaves.values()])
 
 
 def _lm_leaf(env: Env, op: Op, head: GpuUnit) -> torch.Tensor:

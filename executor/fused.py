@@ -48,8 +48,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return impl(x, weight, eps)
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return (slide_kernels.swiglu if _triton(gate) else reference.swiglu)(gate, up)
+def swiglu_gate_up(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of the fused gate|up projection's output (..., 2I), read in place."""
+    impl = slide_kernels.swiglu_gate_up if _triton(gate_up) else reference.swiglu_gate_up
+    return impl(gate_up)
+
+
+def swiglu_gate_up_backward(gate_up: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """d(gate|up) (..., 2I) of `swiglu_gate_up` under dy, with no recorded forward: the
+    kernel's backward, or autograd through the reference (on the CPU the gradient a recorded
+    reference gives, bit for bit)."""
+    if _triton(gate_up):
+        return slide_kernels.swiglu_gate_up_backward(gate_up, dy)
+    leaf = gate_up.detach().requires_grad_()
+    with torch.enable_grad():
+        product = reference.swiglu_gate_up(leaf)
+    (grad,) = torch.autograd.grad(product, leaf, dy)
+    return grad
 
 
 def rope(

@@ -85,7 +85,9 @@ def attention(x: torch.Tensor, p: Params, spec: ModelSpec, rope: Rope) -> torch.
     if spec.qk_norm:  # qwen3: RMSNorm over each head's hd dims, before RoPE
         q = fused.rms_norm(q, p["q_norm"], spec.rms_norm_eps)
         k = fused.rms_norm(k, p["k_norm"], spec.rms_norm_eps)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, S, hd)
+    # (B, heads, S, hd); v copied out of the projection's output, which SDPA would otherwise
+    # keep alive whole for the backward through its view (q and k leave it through RoPE)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2).contiguous()
     q, k = fused.rope(q, k, rope.cos, rope.sin)
     gqa = nkv != nh
     if gqa and rope.mask is not None and q.is_cuda:
@@ -106,12 +108,20 @@ def attention(x: torch.Tensor, p: Params, spec: ModelSpec, rope: Rope) -> torch.
     return _linear(out, p, "o")  # (B, S, H)
 
 
-def mlp(x: torch.Tensor, p: Params, spec: ModelSpec) -> torch.Tensor:
-    """SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up as one (2I, H) matmul."""
+def _residual_and_gate_up(
+    x: torch.Tensor, p: Params, spec: ModelSpec, rope: Rope
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer up to its SwiGLU: the residual stream after attention h (B, S, H) and
+    the fused gate|up projection (B, S, 2I); the layer's output is h + down(swiglu(gate_up))."""
+    eps = spec.rms_norm_eps
+    h = x + attention(fused.rms_norm(x, p["ln1"], eps), p, spec, rope)
     i = spec.intermediate_size
-    gate_up = fused.grouped_linear(x, p["gate_up.w"], p.get("gate_up.b"), (i, i))  # (B, S, 2I)
-    gate, up = gate_up.chunk(2, dim=-1)  # (B, S, I) each
-    return _linear(fused.swiglu(gate, up), p, "down")  # (B, S, H)
+    normed = fused.rms_norm(h, p["ln2"], eps)
+    return h, fused.grouped_linear(normed, p["gate_up.w"], p.get("gate_up.b"), (i, i))
+
+
+def _mlp_tail(h: torch.Tensor, gate_up: torch.Tensor, p: Params) -> torch.Tensor:
+    return h + _linear(fused.swiglu_gate_up(gate_up), p, "down")
 
 
 def decoder_layer(
@@ -119,12 +129,57 @@ def decoder_layer(
 ) -> torch.Tensor:
     """One decoder layer, x (B, S, H) -> (B, S, H). `out` (no-grad forward only) receives the
     result in place, so the forward writes straight into its activation slot."""
-    eps = spec.rms_norm_eps
-    h = x + attention(fused.rms_norm(x, p["ln1"], eps), p, spec, rope)
-    m = mlp(fused.rms_norm(h, p["ln2"], eps), p, spec)
+    h, gate_up = _residual_and_gate_up(x, p, spec, rope)
     if out is None:
-        return h + m
-    return torch.add(h, m, out=out)
+        return _mlp_tail(h, gate_up, p)
+    return torch.add(h, _linear(fused.swiglu_gate_up(gate_up), p, "down"), out=out)
+
+
+def decoder_layer_taped(
+    x: torch.Tensor, p: Params, spec: ModelSpec, rope: Rope, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A decoder layer's forward recorded for its backward (grad mode on; x and p leaves).
+    It returns the root of the backward, `torch.autograd.backward(root, d_out)`: a tensor of
+    the output's shape that holds no data. The backward needs the gate|up projection and the
+    down weight, never the SwiGLU product nor the layer's output, so the tape keeps neither
+    and a recompute (`out` None) skips the SwiGLU, the down GEMM and the last residual add, a
+    quarter of a Llama layer's forward FLOPs; a kept forward (`out`, the activation slot)
+    computes the output there without recording it."""
+    h, gate_up = _residual_and_gate_up(x, p, spec, rope)
+    root: torch.Tensor = _MlpTail.apply(h, gate_up, p["down.w"], p.get("down.b"))
+    if out is not None:
+        with torch.no_grad():
+            torch.add(h, _linear(fused.swiglu_gate_up(gate_up), p, "down"), out=out)
+    return root
+
+
+class _MlpTail(torch.autograd.Function):
+    """The backward of h + F.linear(swiglu(gate_up), w, b) without its forward. The product is
+    recomputed from gate_up (one elementwise pass); d_out flows to h as the residual passes
+    it, and to the product, w and b through the products autograd's own linear backward runs
+    (`mm` over the flattened tokens, the operands in its order and layout), then through the
+    SwiGLU's own backward: the gradients are bit for bit those of the recorded expression."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, h: torch.Tensor, gate_up: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+    ) -> torch.Tensor:
+        ctx.save_for_backward(gate_up, w)
+        ctx.has_bias = b is not None
+        return h.new_empty(()).expand(h.shape)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, d_out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        gate_up, w = ctx.saved_tensors
+        d2 = d_out.reshape(-1, d_out.shape[-1])  # (T, H)
+        prod = fused.swiglu_gate_up(gate_up)  # (B, S, I)
+        d_w = d2.t().mm(prod.view(-1, prod.shape[-1]))  # (H, T) @ (T, I)
+        del prod
+        d_prod = d2.mm(w).view(*gate_up.shape[:-1], w.shape[1])  # (T, H) @ (H, I)
+        d_gate_up = fused.swiglu_gate_up_backward(gate_up, d_prod)
+        return d_out, d_gate_up, d_w, d2.sum(0) if ctx.has_bias else None
 
 
 def embed(ids: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:

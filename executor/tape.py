@@ -28,10 +28,11 @@ class _WeightView:
 
 @dataclass(kw_only=True, slots=True)
 class Tape:
-    """A layer's forward with autograd recording: its output, input leaf and parameter leaves."""
+    """A layer's forward with autograd recording: the backward's root
+    (`layers.decoder_layer_taped`), the input leaf and the parameter leaves."""
 
     weights: torch.Tensor  # the unit's flat weights: the forward's slot, then the backward's
-    out: torch.Tensor | None = None
+    root: torch.Tensor | None = None
     x: torch.Tensor | None = None
     leaves: dict[str, torch.Tensor] = field(default_factory=dict)
 

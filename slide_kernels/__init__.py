@@ -13,13 +13,13 @@ try:
     from slide_kernels.lce import fused_linear_cross_entropy
     from slide_kernels.rms_norm import rms_norm
     from slide_kernels.rope import rope
-    from slide_kernels.swiglu import swiglu
+    from slide_kernels.swiglu import swiglu, swiglu_gate_up, swiglu_gate_up_backward
 except ImportError as exc:  # no triton: every op is its pure-torch reference
     if getattr(exc, "name", None) != "triton":
         raise
     from slide_kernels._common import log
     from slide_kernels.reference import linear_cross_entropy as fused_linear_cross_entropy
-    from slide_kernels.reference import rms_norm, rope, swiglu
+    from slide_kernels.reference import rms_norm, rope, swiglu, swiglu_gate_up
 
     log.info("kernels: triton is not installed; using the pure-torch references")
 
@@ -32,4 +32,6 @@ __all__ = [
     "rope_cos_sin",
     "rope_inv_freq",
     "swiglu",
+    "swiglu_gate_up",
+    "swiglu_gate_up_backward",
 ]

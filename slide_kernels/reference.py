@@ -40,6 +40,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def swiglu_gate_up(gate_up: torch.Tensor) -> torch.Tensor:
+    """`swiglu` of a fused projection's output (..., 2I): gate its first half, up its second."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return swiglu(gate, up)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

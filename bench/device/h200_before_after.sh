@@ -9,9 +9,12 @@
 # CASES: "label:flags" items separated by ';' (flags joined by ','), e.g. the default below;
 # AFTER_FLAGS (joined by ','): flags for this tree only, where a default changed in between
 # (e.g. "--clip,none" against a tree from before global clipping became the default).
+# TREES: which trees run each case, in order (default "before after"; "after" alone measures
+# this tree without the comparison).
 source bench/device/h200_env.sh
 CASES=${CASES:-"3b-defaults:--model,llama-3.2-3b;8b-defaults:--model,llama-3.1-8b;3b-sliding:--model,llama-3.2-3b,--placement,small"}
 ROUNDS=${ROUNDS:-2}
+TREES=${TREES:-"before after"}
 bundle() { tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"; }
 python3 -c "import numpy as np; np.save('/tmp/tok.npy', np.random.default_rng(0).integers(0, 128000, 4_000_000))"
 run() {  # tree label flags...
@@ -33,9 +36,11 @@ for round in $(seq "$ROUNDS"); do
   IFS=';' read -ra items <<< "$CASES"
   for item in "${items[@]}"; do
     label=${item%%:*}; IFS=',' read -ra flags <<< "${item#*:}"
-    run .before "before-$label-$round" "${flags[@]}"
     IFS=',' read -ra extra <<< "${AFTER_FLAGS:-}"
-    run . "after-$label-$round" "${flags[@]}" "${extra[@]}"
+    for tree in $TREES; do
+      if [ "$tree" = before ]; then run .before "before-$label-$round" "${flags[@]}"
+      else run . "after-$label-$round" "${flags[@]}" "${extra[@]}"; fi
+    done
   done
   stamp "round $round"
 done

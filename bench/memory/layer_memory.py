@@ -36,7 +36,7 @@ def measure(name: str, batch: int) -> tuple[int, int]:
         x = x_in.detach().requires_grad_()
         leaves = {k: v.detach().requires_grad_() for k, v in layout.views(weights).items()}
         with torch.enable_grad():
-            out = layers.decoder_layer(x, leaves, spec, rope)
+            out = layers.decoder_layer_taped(x, leaves, spec, rope)
         held = torch.cuda.memory_allocated() - base
         x.grad = grad_in
         for key, leaf in leaves.items():

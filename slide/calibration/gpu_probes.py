@@ -22,7 +22,8 @@ from executor.buffers import OptState
 from slide.calibration.probe_common import MB, Figure, WholeBuffer, cuda_median
 from slide_ir.ir.graph import Attention
 from slide_ir.planning.gpu_rates import REF_ATTENTION, REF_LCE, REF_TOKENS
-from slide_ir.planning.shapes import linear_shapes
+from slide_ir.planning.shapes import layer_work, linear_shapes
+from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
 
 
@@ -125,11 +126,12 @@ def lce_rate(model: ModelSpec, tokens: int = REF_LCE["tokens"]) -> Figure:
 
 
 def elementwise_rate(model: ModelSpec, tokens: int = 16384) -> Figure:
-    """One decoder layer's memory-bound kernels (two RMSNorms, RoPE, SwiGLU, two residual
-    adds), forward + backward through autograd, priced the way the cost model counts them:
-    `ModelSpec.layer_elementwise_bytes` for the forward, twice that for the backward."""
+    """One decoder layer's memory-bound kernels (two RMSNorms, RoPE, v's copy, SwiGLU on the
+    packed gate|up, two residual adds), forward + backward through autograd and the SwiGLU product
+    the backward recomputes, priced the way the cost model counts them (the bytes of
+    `shapes.layer_work`'s forward and backward)."""
     from executor.layers import make_rope
-    from slide_kernels import rms_norm, rope, swiglu
+    from slide_kernels import rms_norm, rope, swiglu_gate_up
 
     m, dev, bf16 = model, "cuda", torch.bfloat16
 
@@ -140,7 +142,8 @@ def elementwise_rate(model: ModelSpec, tokens: int = 16384) -> Figure:
     norm_w = torch.ones(m.hidden_size, device=dev, dtype=bf16, requires_grad=True)
     q = leaf(1, m.num_heads, tokens, m.head_dim)
     k = leaf(1, m.num_kv_heads, tokens, m.head_dim)
-    gate, up = leaf(tokens, m.intermediate_size), leaf(tokens, m.intermediate_size)
+    qkv = leaf(tokens, m.q_dim + 2 * m.kv_dim)
+    gate_up = leaf(tokens, 2 * m.intermediate_size)
     tables = make_rope(m, tokens, torch.device(dev), bf16)
 
     def step() -> None:
@@ -148,16 +151,22 @@ def elementwise_rate(model: ModelSpec, tokens: int = 16384) -> Figure:
             rms_norm(x, norm_w, m.rms_norm_eps),
             rms_norm(y, norm_w, m.rms_norm_eps),
             *rope(q, k, tables.cos, tables.sin),
-            swiglu(gate, up),
+            qkv[:, m.q_dim + m.kv_dim :].contiguous(),  # v out of the projection
+            swiglu_gate_up(gate_up),
             x + y,
             y + x,
         ]
+        with torch.no_grad():
+            swiglu_gate_up(gate_up)  # the backward's recompute of the product
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
     seconds = cuda_median(step, repeats=5)
+    shape = TrainConfig(batch=1, seq=tokens)
+    moved = sum(layer_work(m, shape, backward=b).bytes for b in (False, True))
     return Figure(
-        3 * m.layer_elementwise_bytes(1, tokens) / seconds,
-        f"{m.name} layer norms, RoPE, SwiGLU, residuals fwd+bwd, {tokens} tokens, bf16",
+        moved / seconds,
+        f"{m.name} layer norms, RoPE, SwiGLU (packed gate|up, and the backward's recompute), "
+        f"residuals fwd+bwd, {tokens} tokens, bf16",
     )
 
 
@@ -190,7 +199,7 @@ def dispatch_floors(
     `model`'s shapes and `tokens` tokens: so little GPU work that the host's dispatch (Python,
     autograd, Triton and CUDA launches) is the whole time. Seconds each (`device` "cpu": the
     same calls, for the tests)."""
-    from executor.layers import decoder_layer, head_loss, make_rope
+    from executor.layers import decoder_layer, decoder_layer_taped, head_loss, make_rope
     from executor.layout import layer_layout
 
     dev, bf16 = torch.device(device), torch.bfloat16
@@ -214,12 +223,12 @@ def dispatch_floors(
     def taped() -> tuple[torch.Tensor, list[torch.Tensor]]:
         views = layer.views(weights)
         inputs = leaves(x, *views.values())
-        return decoder_layer(
+        return decoder_layer_taped(
             inputs[0], dict(zip(views, inputs[1:], strict=True)), model, rope
         ), inputs
 
     def bwd(tape: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
-        torch.autograd.backward(tape[0], torch.ones_like(tape[0]), inputs=tape[1])
+        torch.autograd.backward(tape[0], torch.ones_like(x), inputs=tape[1])
 
     def loss(_: object) -> None:
         inputs = leaves(x, norm, lm)

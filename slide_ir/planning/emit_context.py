@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from slide_ir.ir.graph import FEED_AHEAD, PoolRole, Role, Value, Work, slot_id
 from slide_ir.planning.builder import GraphBuilder, Taken
-from slide_ir.planning.shapes import layer_work
+from slide_ir.planning.shapes import layer_work, recompute_work
 from slide_ir.planning.units import BF16, unit_params
 from slide_ir.planning.values import at, grads, micro_prefix, unit_homes, unit_value, weights
 from slide_ir.specs.config import TrainConfig
@@ -73,7 +73,7 @@ class Ctx:
     # per-build caches: the placement search builds a graph per candidate, and recomputing a
     # layer's FLOPs or a unit's size for every op was a tenth of that time
     _params: dict[int, int] = field(default_factory=dict)
-    _layer_work: dict[bool, Work] = field(default_factory=dict)
+    _layer_work: dict[str, Work] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.homes = unit_homes(self.b.pools)
@@ -90,11 +90,16 @@ class Ctx:
             self._params[unit] = unit_params(self.model, unit)
         return self._params[unit]
 
-    def layer_work(self, *, backward: bool) -> Work:
-        """`layer_work` of this build's model and shape (every decoder layer's is the same)."""
-        if backward not in self._layer_work:
-            self._layer_work[backward] = layer_work(self.model, self.config, backward=backward)
-        return self._layer_work[backward]
+    def layer_work(self, phase: str) -> Work:
+        """A decoder layer's "fwd", "recompute" or "bwd" work at this build's model and shape
+        (every decoder layer's is the same)."""
+        if phase not in self._layer_work:
+            m, c = self.model, self.config
+            if phase == "recompute":
+                self._layer_work[phase] = recompute_work(m, c)
+            else:
+                self._layer_work[phase] = layer_work(m, c, backward=phase == "bwd")
+        return self._layer_work[phase]
 
     @property
     def n(self) -> int:

@@ -19,6 +19,8 @@ is priced at the flat matmul rate.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from slide_ir.ir.graph import Attention, Gemm, Work
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
@@ -59,18 +61,39 @@ def layer_attention(model: ModelSpec, batch: int, seq: int, *, masked: bool = Fa
 
 
 def layer_work(model: ModelSpec, config: TrainConfig, *, backward: bool) -> Work:
-    """One decoder layer's forward (or recompute) or backward: matmul and attention FLOPs with
-    their shapes, and the elementwise kernels' HBM traffic (the backward's about twice)."""
+    """One decoder layer's forward or backward: matmul and attention FLOPs with their shapes,
+    and the elementwise kernels' HBM traffic (the backward's about twice, plus the SwiGLU
+    product it recomputes from the tape's gate|up: `executor.layers.decoder_layer_taped`)."""
     bs = (config.batch, config.seq)
     scale = 2 if backward else 1
     gemms = layer_forward_gemms(model, config.batch * config.seq)
+    recomputed = _swiglu_bytes(model, config) if backward and not model.is_moe else 0
     return Work(
         flops=scale * model.layer_fwd_flops(*bs),
         attn_flops=scale * model.attention_fwd_flops(*bs),
-        bytes=scale * model.layer_elementwise_bytes(*bs),
+        bytes=scale * model.layer_elementwise_bytes(*bs) + recomputed,
         gemms=backward_gemms(gemms) if backward else gemms,
         attention=layer_attention(model, *bs, masked=config.document_mask),
     )
+
+
+def recompute_work(model: ModelSpec, config: TrainConfig) -> Work:
+    """A recomputed decoder layer (`executor.layers.decoder_layer_taped`): its forward without
+    the SwiGLU, the down projection and the residual add after it, none of whose outputs the
+    tape keeps. An MoE layer's work carries no shapes: its recompute is its whole forward."""
+    forward = layer_work(model, config, backward=False)
+    if model.is_moe:
+        return forward
+    down = forward.gemms[-1]  # (T, H, I), `linear_shapes`' last
+    residual_add = config.batch * config.seq * 6 * model.hidden_size  # read 2, write 1, bf16
+    skipped = _swiglu_bytes(model, config) + residual_add
+    return replace(forward, flops=forward.flops - down.flops, gemms=forward.gemms[:-1],
+                   bytes=forward.bytes - skipped)  # fmt: skip
+
+
+def _swiglu_bytes(model: ModelSpec, config: TrainConfig) -> int:
+    """The SwiGLU's pass: gate and up read, the product written, bf16."""
+    return config.batch * config.seq * 6 * model.intermediate_size
 
 
 def loss_gemms(*, hidden: int, vocab: int, tokens: int, chunk: int) -> tuple[Gemm, ...]:

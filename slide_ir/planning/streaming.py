@@ -19,7 +19,7 @@ from slide_ir.planning.compute_terms import lce_chunk_tokens
 from slide_ir.planning.cost import CostModel
 from slide_ir.planning.emit_context import StatePace
 from slide_ir.planning.ledger import build_ledger, gpu_budget
-from slide_ir.planning.shapes import layer_work, loss_work
+from slide_ir.planning.shapes import layer_work, loss_work, recompute_work
 from slide_ir.planning.units import (
     BF16,
     FP32,
@@ -86,7 +86,7 @@ def _spill_s(model: ModelSpec, config: TrainConfig, cost: CostModel) -> float:
 
 
 def _layer_s(model: ModelSpec, config: TrainConfig, cost: CostModel) -> float:
-    """One decoder layer's forward (also its recompute)."""
+    """One decoder layer's forward."""
     return cost.compute_seconds(layer_work(model, config, backward=False))
 
 
@@ -111,7 +111,8 @@ def estimate_step_s(
     before the next forward reaches layer k+1."""
     b, s, n = config.batch, config.seq, model.num_layers
     fwd = _layer_s(model, config, cost)
-    bwd = fwd + cost.compute_seconds(layer_work(model, config, backward=True))
+    bwd = cost.compute_seconds(recompute_work(model, config))
+    bwd += cost.compute_seconds(layer_work(model, config, backward=True))
     loss = _loss_s(model, config, cost)
     link, t_fwd = cost.rates.link, n * fwd
     params = {u: unit_params(model, u) for u in sliding}

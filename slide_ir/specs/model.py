@@ -227,9 +227,10 @@ class ModelSpec:
     def layer_elementwise_bytes(self, batch: int, seq: int) -> int:
         """HBM traffic of one layer's forward outside the matmuls and attention, BF16: two
         RMSNorms (read x, write y: 4h B/token each), RoPE on q and k (read + write: 4(q+kv) B),
-        SwiGLU (read gate and up, write the product: 6I B), two residual adds (read 2, write 1:
-        12h B). The backward moves about twice this. Norm weights and rstd are ignored."""
-        per_token = 8 * self.hidden_size + 4 * (self.q_dim + self.kv_dim)
+        v's copy out of the projection (4kv B), SwiGLU (read gate and up, write the product: 6I
+        B), two residual adds (read 2, write 1: 12h B). The backward moves about twice this. Norm
+        weights and rstd are ignored."""
+        per_token = 8 * self.hidden_size + 4 * (self.q_dim + 2 * self.kv_dim)
         per_token += 6 * self.intermediate_size + 12 * self.hidden_size
         return batch * seq * per_token
 
@@ -265,26 +266,28 @@ class ModelSpec:
     def layer_saved_terms(self, batch: int, seq: int) -> dict[str, int]:
         """Bytes autograd keeps for one layer's recomputed forward (checkpoint input excluded).
 
-        Assumes the executor's layer (`executor.layers`): fused RMSNorm (saves its input + fp32
-        rstd), one q/k/v projection whose output stays alive as long as v (a view of it) is
-        saved, out-of-place RoPE (saves only cos/sin, a few KB, ignored), FlashAttention (saves
-        q, k, v, out, fp32 logsumexp) and the fused SwiGLU (saves gate and up, not silu(gate)).
-        On the H200 (2026-11-30) a recomputed layer held exactly these bytes (llama-3.2-3b,
-        llama-3.1-8b, qwen3-8b; `bench/memory/layer_memory.py`, bench/RESULTS.md).
+        Assumes the executor's layer (`executor.layers.decoder_layer_taped`): fused RMSNorm
+        (saves its input + fp32 rstd), one q/k/v projection whose output is freed once RoPE
+        (out of place, saves only cos/sin, a few KB, ignored) and a copy of v have read it,
+        FlashAttention (saves q, k, v, out, fp32 logsumexp) and the gate|up projection's output,
+        from which the backward recomputes the SwiGLU product (the down projection's input); the
+        product and the layer's output are not part of the tape (the backward starts from a root
+        that holds no data). On the H200 (2026-11-30) a recomputed layer held exactly these bytes
+        plus the product, the output and q/k/v's projection but v (llama-3.2-3b, llama-3.1-8b,
+        qwen3-8b; `bench/memory/layer_memory.py`, bench/RESULTS.md); without them it is not yet
+        measured.
         """
         t, h, i = batch * seq, self.hidden_size, self.intermediate_size
         terms = {
             "norm1.out": t * h * _BF16,  # input of q/k/v proj, kept for their weight grads
             "norm.rstd": 2 * t * _FP32,  # 1/rms per token, both RMSNorms
-            "qkv": t * (self.q_dim + 2 * self.kv_dim) * _BF16,  # projection output (v is a view)
+            "v": t * self.kv_dim * _BF16,  # v, copied out of the q/k/v projection's output
             "qk.rope": t * (self.q_dim + self.kv_dim) * _BF16,  # post-RoPE q and k, for FA
             "attn.out": t * self.q_dim * _BF16,  # FA output = o_proj input (one tensor)
             "attn.lse": batch * self.num_heads * seq * _FP32,  # FA logsumexp per (head, query)
             "resid": t * h * _BF16,  # x + o_proj(attn): input of the post-attention norm
             "norm2.out": t * h * _BF16,  # input of gate/up proj
-            "mlp.gate_up": 2 * t * i * _BF16,  # gate and up, for the fused SwiGLU's backward
-            "mlp.prod": t * i * _BF16,  # silu(gate)*up = down_proj input
-            "out": t * h * _BF16,  # layer output, held by the caller until backward returns
+            "mlp.gate_up": 2 * t * i * _BF16,  # gate|up, for the SwiGLU's and down_proj's backward
         }
         if self.qk_norm:  # qwen3: per-head RMSNorm on q and k keeps its input and rstd
             kv_rows = self.num_heads + self.num_kv_heads
@@ -293,8 +296,8 @@ class ModelSpec:
 
     def layer_tape_bytes(self, batch: int, seq: int) -> int:
         """What a layer's forward keeps for its backward when it records its own tape (no
-        recompute): the saved tensors of `layer_saved_terms` (its output included) plus a copy
-        of its input, which the first RMSNorm saves (the input's slot is reused meanwhile)."""
+        recompute): the saved tensors of `layer_saved_terms` plus a copy of its input, which
+        the first RMSNorm saves (the input's slot is reused meanwhile)."""
         return self.layer_input_bytes(batch, seq) + sum(self.layer_saved_terms(batch, seq).values())
 
     def layer_transient_bytes(self, batch: int, seq: int) -> int:
@@ -303,18 +306,21 @@ class ModelSpec:
         Saved tensors (`layer_saved_terms`) plus the gradient buffers alive at the worst of two
         moments; weight grads land in the cache-unit slot, and the incoming gradient d_out and
         d_x in the hidden-gradient slots (ledger terms of their own), so neither counts here.
-        - SwiGLU backward: down_proj's node has run and freed `mlp.prod`; alive are d_prod and
-          the SwiGLU node's two outputs d_gate and d_up.
+        - SwiGLU backward: the recomputed product has gone into down_proj's weight gradient and
+          been freed; alive are d_prod and the SwiGLU's gradient d(gate|up).
         - Attention backward: the MLP's tensors are freed; alive are d_resid, d_attn_out,
           dq/dk/dv and FlashAttention-2's fp32 dq accumulator plus its fp32 row scratch.
         For every catalog model the SwiGLU moment is the larger (intermediate >= 2.3 x hidden).
-        Measured on the H200 (2026-11-30, `bench/memory/layer_memory.py`): 2.002 GiB for llama-3.2-3b at
-        16 x 1024 tokens (this: 2.002), 3.158 for llama-3.1-8b (3.158), 3.005 for qwen3-8b.
+        Measured on the H200 (2026-11-30, `bench/memory/layer_memory.py`) while the recompute
+        still held the product, the layer's output and the whole q/k/v projection: 2.002 GiB
+        for llama-3.2-3b at 16 x 1024 tokens (this, with them: 2.002), 3.158 for llama-3.1-8b
+        (3.158), 3.005 for qwen3-8b; without them this gives 1.783, 2.877 and 2.723, not yet
+        measured.
         """
         t, h, i = batch * seq, self.hidden_size, self.intermediate_size
         saved = self.layer_saved_terms(batch, seq)
         total = sum(saved.values())
-        mlp_peak = total - saved["mlp.prod"] + t * 3 * i * _BF16
+        mlp_peak = total + t * 3 * i * _BF16
         mlp_saved = (
             saved["resid"]
             + saved["norm2.out"]

@@ -90,8 +90,8 @@ def _gpu_kernels_in_torch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _tape_bytes(spec: ModelSpec, batch: int, seq: int) -> int:
     """Bytes a kept tape holds alive: the storages of its saved tensors (less the unit's weights,
-    which `Tape` packs as views, and the RoPE tables, which the run owns), its input copy and
-    its output."""
+    which `Tape` packs as views, and the RoPE tables, which the run owns) and its input copy;
+    its root holds one element."""
     dtype, cpu = torch.bfloat16, torch.device("cpu")
     layout = layer_layout(spec, 1)
     w = (torch.randn(layout.numel) * 0.05).to(dtype)
@@ -108,9 +108,9 @@ def _tape_bytes(spec: ModelSpec, batch: int, seq: int) -> int:
         return packed
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, tape.unpack):
-        tape.out = layers.decoder_layer(tape.x, tape.leaves, spec, rope)
-    for t in (tape.x, tape.out):
-        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        tape.root = layers.decoder_layer_taped(tape.x, tape.leaves, spec, rope)
+    assert tape.root is not None and tape.root.untyped_storage().nbytes() == dtype.itemsize
+    held[tape.x.untyped_storage().data_ptr()] = tape.x.untyped_storage().nbytes()
     for t in (rope.cos, rope.sin):
         held.pop(t.untyped_storage().data_ptr(), None)
     return sum(held.values())

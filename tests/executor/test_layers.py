@@ -12,6 +12,7 @@ from executor.layout import unit_layouts
 
 B, S = 2, 16  # S > mistral's sliding window (8): the window mask is exercised
 TOL = {"rtol": 1e-5, "atol": 1e-5}  # fp32, same ops in the same order: only GEMM blocking differs
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("fuse", [False, True], ids=["per-projection", "fused-gemms"])
@@ -49,6 +50,45 @@ def test_decoder_layer_matches_transformers(
     ours = layout.hf_views(dflat)
     for name, g in zip(names, ref_dp, strict=True):
         torch.testing.assert_close(ours[name], g, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", sorted(CONFIGS))  # llama: biases on the MLP too
+def test_taped_layer_backward_is_the_recorded_layers_bit_for_bit(
+    arch: str, dtype: torch.dtype
+) -> None:
+    """`decoder_layer_taped`'s root (the recompute's, and a kept forward's that writes its
+    output) gives the gradients a recorded `decoder_layer` does, bit for bit, and the kept
+    forward's output is the layer's; on CUDA too where there is a GPU (Triton kernels)."""
+    spec = spec_of(CONFIGS[arch])
+    layout = unit_layouts(spec)[1]
+    torch.manual_seed(3)
+    weights = (torch.randn(layout.numel) * 0.05).to(DEVICE, dtype)
+    rope = layers.make_rope(spec, S, torch.device(DEVICE), dtype)
+    x0 = torch.randn(B, S, spec.hidden_size).to(DEVICE, dtype)
+    grad_out = torch.randn_like(x0)
+
+    def run(form: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        x = x0.clone().requires_grad_()
+        leaves = {k: v.detach().requires_grad_() for k, v in layout.views(weights).items()}
+        out = torch.full_like(x0, float("nan"))
+        with torch.enable_grad():
+            if form == "recorded":
+                root = layers.decoder_layer(x, leaves, spec, rope)
+                out = root.detach()
+            else:
+                kept = out if form == "kept" else None
+                root = layers.decoder_layer_taped(x, leaves, spec, rope, out=kept)
+        torch.autograd.backward(root, grad_out, inputs=[x, *leaves.values()])
+        return out, [x.grad, *(leaf.grad for leaf in leaves.values())]
+
+    out, grads = run("recorded")
+    for form in ("recomputed", "kept"):
+        form_out, form_grads = run(form)
+        for ours, ref in zip(form_grads, grads, strict=True):
+            assert ours is not None and ref is not None and torch.equal(ours, ref), form
+        if form == "kept":
+            assert torch.equal(form_out, out)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # untied and tied heads

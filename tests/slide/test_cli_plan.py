@@ -82,8 +82,8 @@ def test_plan_says_what_the_placement_search_chose_and_the_runner_up(capsys):
     assert code == 0
     lines = out.splitlines()
     assert lines[2] == (
-        "placement: 25 resident, 0 streamed, 9 sliding units; inputs on cpu, 3 cache units; "
-        "16 kept tapes"
+        "placement: 26 resident, 0 streamed, 8 sliding units; inputs on cpu, 6 cache units; "
+        "19 kept tapes"
     )
     code, raw, _ = run(capsys, *argv, "--json")  # the text says what the JSON holds
     searched = json.loads(raw)["placement"]

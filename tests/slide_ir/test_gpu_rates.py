@@ -18,7 +18,7 @@ from slide_ir.planning.gpu_rates import (
     gemm_efficiency,
     reference_gemms,
 )
-from slide_ir.planning.shapes import layer_work, loss_gemms
+from slide_ir.planning.shapes import layer_work, loss_gemms, recompute_work
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine, load_machine_toml, machine_to_toml
 from slide_ir.specs.hardware_parts import default_optimizer_threads, parse_grid, scale_grid
@@ -127,6 +127,21 @@ def test_a_profile_without_grids_loads_and_prices_by_the_curve():
     assert machine.gpu.gemm_grid is None and machine.gpu.sm_count is None
     work = layer_work(load_model("llama-3.2-1b"), TrainConfig(batch=2, seq=512), backward=True)
     assert 0 < CostModel(machine).compute_seconds(work) < 1
+
+
+def test_a_recompute_skips_the_mlp_tail_the_backward_redoes_the_swiglu():
+    """llama-3.1-8b at 2 x 512 tokens: the recompute is the forward less the down GEMM
+    (1024 x 4096 x 14336), the SwiGLU (6 B x 14336 a token) and the last residual add (6 B x
+    4096); the backward moves the SwiGLU's bytes on top of twice the forward's."""
+    model, cfg = load_model("llama-3.1-8b"), TrainConfig(batch=2, seq=512)
+    fwd, bwd = (layer_work(model, cfg, backward=b) for b in (False, True))
+    again = recompute_work(model, cfg)
+    t = 1024
+    assert fwd.gemms[-1] == Gemm(m=t, n=4096, k=14336)
+    assert again.gemms == fwd.gemms[:-1] and again.attention == fwd.attention
+    assert again.flops == fwd.flops - 2 * t * 4096 * 14336
+    assert again.bytes == fwd.bytes - t * (6 * 14336 + 6 * 4096)
+    assert bwd.bytes == 2 * fwd.bytes + t * 6 * 14336
 
 
 def test_layer_and_loss_shapes_carry_the_models_flops():

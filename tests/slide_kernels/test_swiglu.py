@@ -4,7 +4,7 @@ import pytest
 import torch
 from kernel_checks import assert_bf16_rule, assert_close_fp32, leaf
 
-from slide_kernels import reference, swiglu
+from slide_kernels import reference, swiglu, swiglu_gate_up, swiglu_gate_up_backward
 
 
 def _run(fn, gate, up, upstream, dtype):
@@ -37,6 +37,31 @@ def test_swiglu_non_contiguous_inputs():
         results.append((y.detach(), parent.grad))
     for a, b in zip(*results, strict=True):
         assert_close_fp32(a, b, "swiglu")
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 2 * 41), (2, 1, 2 * 2049), (4, 2 * 5)])
+def test_swiglu_gate_up_reads_the_packed_projection(shape):
+    """The fused gate|up output whole: the product, and one (..., 2I) gradient from autograd
+    and from `swiglu_gate_up_backward` alike, against the float64 reference."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    packed = torch.randn(shape, generator=gen) * 4
+    upstream = torch.randn(*shape[:-1], shape[-1] // 2, generator=gen)
+    results = []
+    for fn, dtype in [(swiglu_gate_up, torch.float32), (reference.swiglu_gate_up, torch.float64)]:
+        parent = leaf(packed, dtype)
+        y = fn(parent)
+        y.backward(upstream.to(y.device, dtype))
+        results.append((y.detach(), parent.grad))
+    (y, grad), (gold_y, gold_grad) = results
+    assert_close_fp32(y, gold_y, "swiglu")
+    assert_close_fp32(grad, gold_grad, "swiglu")
+    direct = swiglu_gate_up_backward(packed.to(y.device), upstream.to(y.device))
+    assert torch.equal(direct, grad)
+
+
+def test_swiglu_gate_up_rejects_an_odd_last_dim():
+    with pytest.raises(ValueError, match="even"):
+        swiglu_gate_up(torch.randn(2, 7))
 
 
 def test_swiglu_rejects_mismatched_shapes():
