@@ -97,6 +97,11 @@ def render_placement(p: Plan) -> list[str]:
         f"predicted ({tokens:,.0f} tokens/s)",
     ]
     lines += _alternatives(p, choice, step)
+    if p.speculation is not None:  # the candidates' steps are not the plan's: say why
+        timed = ("every update waiting for the norm" if not choice.timed_speculated
+                 else f"{choice.timed_speculated} host updates speculating")  # fmt: skip
+        lines.append(f"  (candidates timed with {timed}; the plan's own count and steps: "
+                     f"global clipping, below)")  # fmt: skip
     return lines
 
 
@@ -157,7 +162,7 @@ def _upload_source(led: Ledger) -> str:
     return " or ".join(w for w in (cast, pinned) if w) or "none (nothing slides)"
 
 
-def _speculation_lines(p: Plan) -> list[str]:
+def speculation_lines(p: Plan) -> list[str]:
     """Global clipping: how many updates speculate, and what a rolled-back step costs."""
     s = p.speculation
     if s is None:
@@ -183,7 +188,7 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
         + (f", kept tapes {c.kept_tapes}" if c.kept_tapes else "")
         + (f"; uploads {_upload_source(led)}" if c.schedule == "sliding" else ""),
         *render_placement(p),
-        *_speculation_lines(p),
+        *speculation_lines(p),
         "",
     ]
     for tier in REPORT_TIERS:

@@ -14,7 +14,7 @@ from slide import json_out, preflight
 from slide.commands.common import add_model_machine, add_train_config, load_inputs, train_config
 from slide.commands.plan import add_nproc
 from slide.fileio import write_atomic
-from slide.report import render_placement, render_plan
+from slide.report import render_placement, render_plan, speculation_lines
 from slide.report_dp import render_dp_plan, render_dp_result
 from slide_ir.ir.trace import to_chrome_trace
 from slide_ir.specs.hardware_parts import GIB
@@ -113,6 +113,7 @@ def render_result(result: SimResult) -> str:
         [
             f"{s['model']} on {s['machine']} ({s['schedule']}): batch {s['batch']} x seq {s['seq']}",
             *render_placement(result.plan),
+            *speculation_lines(result.plan),
             f"step time      {s['step_time_s']:.3f} s (first step {s['first_step_s']:.3f} s)",
             f"eval batch     {s['eval_batch_s']:.3f} s (forward only: slide train --eval-data)",
             f"throughput     {s['tokens_per_s']:,.0f} tokens/s, {s['tflops']:.1f} TFLOP/s model "

@@ -63,7 +63,8 @@ def choose_placement(
         return PlacementChoice(chosen=search.smallest(), how="nothing fits", legacy=legacy)
     chosen = fitting[0].placement
     return PlacementChoice(chosen=chosen, how="searched", considered=fitting, legacy=legacy,
-                           ledger=search.ledger(chosen))  # fmt: skip
+                           ledger=search.ledger(chosen),
+                           timed_speculated=config.speculated)  # fmt: skip
 
 
 def plan_fits(model: ModelSpec, machine: Machine, config: TrainConfig) -> bool:

@@ -75,6 +75,9 @@ class PlacementChoice:
         None  # the rule before the search: no resident units, streamed by estimate
     )
     ledger: Ledger | None = None  # the chosen placement's, when the search built it
+    # under global clipping, the host updates each candidate was timed with speculating (the
+    # plan then chooses its own count for the chosen placement: `speculation`)
+    timed_speculated: int = 0
 
     @property
     def predicted_step_s(self) -> float | None:
