@@ -307,20 +307,20 @@ class ModelSpec:
         moments; weight grads land in the cache-unit slot, and the incoming gradient d_out and
         d_x in the hidden-gradient slots (ledger terms of their own), so neither counts here.
         - SwiGLU backward: the recomputed product has gone into down_proj's weight gradient and
-          been freed; alive are d_prod and the SwiGLU's gradient d(gate|up).
+          been freed; alive are d_prod, the SwiGLU's gradient d(gate|up) and that weight
+          gradient (H x I), which the MLP tail's backward returns for autograd to add into the
+          cache unit's slot.
         - Attention backward: the MLP's tensors are freed; alive are d_resid, d_attn_out,
           dq/dk/dv and FlashAttention-2's fp32 dq accumulator plus its fp32 row scratch.
         For every catalog model the SwiGLU moment is the larger (intermediate >= 2.3 x hidden).
-        Measured on the H200 (2026-11-30, `bench/memory/layer_memory.py`) while the recompute
-        still held the product, the layer's output and the whole q/k/v projection: 2.002 GiB
-        for llama-3.2-3b at 16 x 1024 tokens (this, with them: 2.002), 3.158 for llama-3.1-8b
-        (3.158), 3.005 for qwen3-8b; without them this gives 1.783, 2.877 and 2.723, not yet
-        measured.
+        Measured on an H100 (2026-12-06, `bench/memory/layer_memory.py`, the lean tape): 1.830
+        GiB for llama-3.2-3b at 16 x 1024 tokens (this: 1.830), 5.395 at 48 x 1024 (5.395),
+        2.986 for llama-3.1-8b (2.986), 2.817 for qwen3-8b (2.817).
         """
         t, h, i = batch * seq, self.hidden_size, self.intermediate_size
         saved = self.layer_saved_terms(batch, seq)
         total = sum(saved.values())
-        mlp_peak = total + t * 3 * i * _BF16
+        mlp_peak = total + (t * 3 * i + h * i) * _BF16
         mlp_saved = (
             saved["resid"]
             + saved["norm2.out"]
