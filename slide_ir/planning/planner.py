@@ -87,7 +87,7 @@ def _held_grads(model: ModelSpec, machine: Machine, config: TrainConfig, nproc: 
     plans = [_weights_placed(model, machine, replace(config, held_grads=h), nproc)
              for h in ("ram", "nvme")]  # fmt: skip
     fitting = [p for p in plans if p.feasible] or plans[1:]
-    return min(fitting, key=lambda p: _steady_step_s(p, nproc))
+    return min(fitting, key=lambda p: steady_step_s(p, nproc))
 
 
 def _host_weights(model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int) -> Plan:
@@ -97,10 +97,10 @@ def _host_weights(model: ModelSpec, machine: Machine, config: TrainConfig, nproc
     plans = [_placed(model, machine, replace(config, host_weights=h), nproc)
              for h in ("cast", "pinned")]  # fmt: skip
     fitting = [p for p in plans if p.feasible] or plans[:1]
-    return min(fitting, key=lambda p: _steady_step_s(p, nproc))
+    return min(fitting, key=lambda p: steady_step_s(p, nproc))
 
 
-def _steady_step_s(p: Plan, nproc: int) -> float:
+def steady_step_s(p: Plan, nproc: int) -> float:
     """The plan's predicted steady step: the placement search's, else its graph timed over
     `RANK_STEPS` steps as the search times a candidate."""
     if p.speculation is not None:
@@ -123,7 +123,7 @@ def _placed(model: ModelSpec, machine: Machine, config: TrainConfig, nproc: int)
     every = replace(config, speculate=model.num_layers + 2)
     tries = [_searched(model, machine, replace(config, speculate=0), nproc),
              _searched(model, machine, every, nproc, speculate=config.speculate)]  # fmt: skip
-    return min(tries, key=lambda p: _steady_step_s(p, nproc))
+    return min(tries, key=lambda p: steady_step_s(p, nproc))
 
 
 def _searched(

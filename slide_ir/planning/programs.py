@@ -17,7 +17,7 @@ from typing import Any
 from slide_ir.ir.graph import Graph
 from slide_ir.planning.data_parallel import shard_plan
 from slide_ir.planning.ledger import REPORT_TIERS
-from slide_ir.planning.planner import Plan, build_graph, plan
+from slide_ir.planning.planner import Plan, build_graph, plan, steady_step_s
 from slide_ir.program import MAX_PASS_STEPS, Program, next_pass
 from slide_ir.specs.config import TrainConfig
 
@@ -99,20 +99,21 @@ def program(
 
 
 def _placement(p: Plan, predicted: bool, nproc: int) -> dict[str, Any]:
-    """What the placement search chose and the step it predicted for it (on the profile it
+    """What the placement search chose and the step predicted for it (on the profile it
     planned with: after a re-plan, the re-fit one), so a run can be set against its plan;
     with speculated updates, the kept and the rolled-back step (`Speculation.summary`); and the
     ledger's peak per tier, which a single-process run sets its measured memory against (ranks
     share one host's RAM, so theirs is not one rank's ledger)."""
     assert p.choice is not None
     chosen = p.choice.chosen
-    step = next((c.step_s for c in p.choice.considered if c.placement == chosen), None)
+    # the search's figure, with speculation the expected step, and for a placement no search
+    # timed (`--placement small`, every count pinned) its own graph's
+    step = steady_step_s(p, nproc) if predicted and p.feasible else None
     out: dict[str, Any] = {"chosen": chosen.describe(p.model), "how": p.choice.how,
-           "predicted_step_s": step if predicted else None,
+           "predicted_step_s": step,
            "tokens_per_step": p.graph.info.tokens_per_step}  # fmt: skip
     if predicted and nproc == 1:
         out["planned_bytes"] = {tier: p.ledger.peak_bytes(tier) for tier in REPORT_TIERS}
     if p.speculation is not None:  # the step depends on how many steps roll back
         out["speculation"] = p.speculation.summary()
-        out["predicted_step_s"] = p.speculation.expected_step_s if predicted else None
     return out

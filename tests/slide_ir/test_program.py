@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from slide_ir.planning import programs
-from slide_ir.planning.planner import plan
+from slide_ir.planning.planner import plan, steady_step_s
 from slide_ir.program import Program, ProgramError, next_pass
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import load_machine
@@ -76,3 +76,17 @@ def test_a_program_prints_and_reads_back():
         assert getattr(back, field) == getattr(prog, field), field
     with pytest.raises(ProgramError, match="program format version 0 unsupported"):
         Program.from_json(prog.to_json().replace('"version":1', '"version":0', 1))
+
+
+@pytest.mark.parametrize("placement", ["fast", "small"])
+def test_a_program_carries_its_plans_predicted_step(placement):
+    """A run is set against the step its plan predicts: the search's choice, and a placement
+    no search timed (`small`) by its own graph, both as `steady_step_s` times them; none for a
+    run that is not on the machine planned for."""
+    p = _plan(3, placement=placement)
+    told = programs.program(p, [3], cpu_threads=None).placement["predicted_step_s"]
+    assert told is not None and told == pytest.approx(steady_step_s(p, 1), rel=1e-12) and told > 0
+    if placement == "fast":
+        assert told == p.choice.predicted_step_s
+    hidden = programs.program(p, [3], cpu_threads=None, predicted=False).placement
+    assert hidden["predicted_step_s"] is None
