@@ -28,6 +28,7 @@ from executor.recording import default_trace_steps
 from executor.run import Engine, Eval, Hooks, InfeasiblePlanError, Options, Start, TrainResult
 from slide.calibration.auto_machine import refit_cache, refit_key
 from slide.errors import UserError
+from slide.gpu_cap import capped
 from slide_ir.planning import refit
 from slide_ir.planning.data_parallel import check_nproc, plan_data_parallel, shard_plan
 from slide_ir.planning.planner import Plan, plan
@@ -120,7 +121,8 @@ def train(
     )
     hooks = Hooks(on_step=on_step, on_save=on_save, save_every=save_every, on_finish=on_finish,
                   evaluate=evaluate)  # fmt: skip
-    result, checked = _run(p, config.steps, start, batches, hooks, options, replan_request)
+    with capped(dev, p.config.gpu_memory_gb):
+        result, checked = _run(p, config.steps, start, batches, hooks, options, replan_request)
     if checked is not None:
         result.meta["replan"] = checked.summary()
         if refit_profile and checked.factors:

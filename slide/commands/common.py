@@ -98,7 +98,8 @@ def _add_placement(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--gpu-memory-gb",
         type=float,
-        help="use at most this much GPU memory, in GiB (for a shared GPU or a second job) [all of it]",
+        help="use at most this much GPU memory, in GiB: the plan fits it and `slide train` caps "
+        "torch's allocator there (a shared GPU, a second job, a smaller card's stand-in) [all of it]",
     )
     group.add_argument(
         "--cache-units",
