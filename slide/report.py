@@ -12,7 +12,7 @@ from slide_ir.ir.graph import PoolRole
 from slide_ir.planning.advice import suggest_fixes
 from slide_ir.planning.ledger import REPORT_TIERS, Ledger, build_ledger
 from slide_ir.planning.placement_choice import PlacementChoice
-from slide_ir.planning.planner import Plan
+from slide_ir.planning.planner import Plan, steady_step_s
 from slide_ir.specs.hardware_parts import GIB
 
 
@@ -88,7 +88,17 @@ def render_placement(p: Plan) -> list[str]:
         return []
     head = f"placement: {choice.chosen.describe(p.model)}"
     if choice.how != "searched":
-        return [f"{head} ({HOW[choice.how]})"]
+        lines = [f"{head} ({HOW[choice.how]})"]
+        if p.feasible:  # no search timed it: its own graph
+            step, s = steady_step_s(p, 1), p.speculation
+            mix = (
+                f"; expected with {s.rollback_share:.0%} of steps rolled back"
+                if s and s.units
+                else ""
+            )
+            lines.append(f"  {step:.3f} s/step predicted "
+                         f"({p.config.tokens_per_step / step:,.0f} tokens/s{mix})")  # fmt: skip
+        return lines
     step = choice.predicted_step_s or 0.0
     tokens = p.config.tokens_per_step / step if step else 0.0
     lines = [

@@ -102,9 +102,19 @@ def test_plan_says_what_the_placement_search_chose_and_the_runner_up(capsys):
         "placement: 0 resident, 0 streamed, 34 sliding units; inputs on cpu, 3 cache units" in out
     )
     assert "(--placement small: the smallest footprint)" in out
+    small = _told_step(out)
     code, out, _ = run(capsys, *argv, "--resident", "4", "--streamed", "2", "--activations",
                        "cpu", "--cache-units", "3", "--keep-activations", "0")  # fmt: skip
     assert "placement: 4 resident, 2 streamed, 28 sliding units" in out and "(as given" in out
+    assert step < _told_step(out) < small  # placements no search timed are timed too
+
+
+def _told_step(out: str) -> float:
+    """The predicted step printed under a placement the search did not time."""
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("placement: "))
+    assert lines[at + 1].startswith("  ") and " s/step predicted (" in lines[at + 1]
+    return float(lines[at + 1].split()[0])
 
 
 def test_gpu_memory_cap_is_respected_and_reported(capsys):
