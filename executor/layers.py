@@ -120,8 +120,11 @@ def _residual_and_gate_up(
     return h, fused.grouped_linear(normed, p["gate_up.w"], p.get("gate_up.b"), (i, i))
 
 
-def _mlp_tail(h: torch.Tensor, gate_up: torch.Tensor, p: Params) -> torch.Tensor:
-    return h + _linear(fused.swiglu_gate_up(gate_up), p, "down")
+def _mlp_tail(
+    h: torch.Tensor, gate_up: torch.Tensor, p: Params, out: torch.Tensor | None
+) -> torch.Tensor:
+    """h + down(swiglu(gate_up)): the layer's output, into `out` when given."""
+    return torch.add(h, _linear(fused.swiglu_gate_up(gate_up), p, "down"), out=out)
 
 
 def decoder_layer(
@@ -130,9 +133,7 @@ def decoder_layer(
     """One decoder layer, x (B, S, H) -> (B, S, H). `out` (no-grad forward only) receives the
     result in place, so the forward writes straight into its activation slot."""
     h, gate_up = _residual_and_gate_up(x, p, spec, rope)
-    if out is None:
-        return _mlp_tail(h, gate_up, p)
-    return torch.add(h, _linear(fused.swiglu_gate_up(gate_up), p, "down"), out=out)
+    return _mlp_tail(h, gate_up, p, out)
 
 
 def decoder_layer_taped(
@@ -149,7 +150,7 @@ def decoder_layer_taped(
     root: torch.Tensor = _MlpTail.apply(h, gate_up, p["down.w"], p.get("down.b"))
     if out is not None:
         with torch.no_grad():
-            torch.add(h, _linear(fused.swiglu_gate_up(gate_up), p, "down"), out=out)
+            _mlp_tail(h, gate_up, p, out)
     return root
 
 
