@@ -108,8 +108,10 @@ def render_placement(p: Plan) -> list[str]:
     ]
     lines += _alternatives(p, choice, step)
     if p.speculation is not None:  # the candidates' steps are not the plan's: say why
-        timed = ("every update waiting for the norm" if not choice.timed_speculated
-                 else f"{choice.timed_speculated} host updates speculating")  # fmt: skip
+        k = choice.timed_speculated
+        timed = ("every update waiting for the norm" if not k
+                 else "every host update speculating" if k >= p.model.num_layers + 2
+                 else f"the first {k} host updates speculating")  # fmt: skip
         lines.append(f"  (candidates timed with {timed}; the plan's own count and steps: "
                      f"global clipping, below)")  # fmt: skip
     return lines

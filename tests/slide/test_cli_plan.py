@@ -416,3 +416,17 @@ def test_the_plan_shows_bytes_per_parameter_per_tier(capsys):
         assert memory["bytes_per_param"] == pytest.approx(per_param, abs=1e-3)
         line = next(x for x in out.splitlines() if x.startswith(tier.upper()))
         assert line.endswith(f"({per_param:.1f} B/param)"), line
+
+
+def test_under_global_clipping_the_plan_says_what_its_candidates_were_timed_with(capsys):
+    """The search's step is not the plan's when updates speculate: the line says which count
+    the candidates were timed with (none without global clipping)."""
+    argv = ("plan", "--model", "llama-3.1-8b", "--machine", "paper-pc-4090", "--batch", "8")
+    told = {}
+    for extra in ((), ("--speculate", "3"), ("--clip", "per-unit")):
+        code, out, _ = run(capsys, *argv, *extra)
+        assert code == 0
+        told[extra] = [line for line in out.splitlines() if "candidates timed with" in line]
+    assert "every host update speculating" in told[()][0]
+    assert "the first 3 host updates speculating" in told[("--speculate", "3")][0]
+    assert told[("--clip", "per-unit")] == []
