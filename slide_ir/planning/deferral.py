@@ -32,7 +32,8 @@ K = OpKind
 R = PoolRole
 NORM_FLOOR_BYTES = 64 << 10  # NORM reads a few floats per unit: priced as a small host pass
 
-Update = Callable[[list[str], Value | None], str]  # (deps, scale) -> the update's op id
+# (deps, scale) -> the update's op id, None where it waits for the next forward (`post_norm`)
+Update = Callable[[list[str], Value | None], str | None]
 
 
 class DeferredUpdates:
@@ -82,7 +83,8 @@ class DeferredUpdates:
                    reads=[ctx.home(R.GRAD_NORMS, u, "norms") for u in units],
                    writes=[self.scale()])  # fmt: skip
         for unit in sorted(self.pending):
-            ctx.last_update[unit] = self.pending[unit]([norm], self.scale())
+            if op_id := self.pending[unit]([norm], self.scale()):
+                ctx.last_update[unit] = op_id
 
 
 def redo(

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slide_ir.ir.graph import FEED_AHEAD, PoolRole, Role, Value, Work, slot_id
+from slide_ir.ir.graph import FEED_AHEAD, OpKind, PoolRole, Role, Value, Work, slot_id
 from slide_ir.planning.builder import GraphBuilder, Taken
 from slide_ir.planning.shapes import layer_work, recompute_work
-from slide_ir.planning.units import BF16, unit_params
+from slide_ir.planning.units import BF16, FP32, unit_params
 from slide_ir.planning.values import at, grads, micro_prefix, unit_homes, unit_value, weights
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.model import ModelSpec
@@ -195,3 +195,34 @@ def param_bytes(ctx: Ctx, unit: int) -> int:
 def unit_group(ctx: Ctx, unit: int) -> str:
     """Pools are per unit size: the embedding, the decoder layers, the head."""
     return "embed" if unit == 0 else "head" if unit == ctx.n + 1 else "layers"
+
+
+def h2d_into(
+    ctx: Ctx,
+    op_id: str,
+    kind: OpKind,
+    step: int,
+    unit: int,
+    nbytes: int,
+    after: str | None,
+    pool: str,
+    reads: list[Value | None],
+    what: str = "w",
+    release: str | None = None,
+) -> str:
+    """An `h2d` copy of `nbytes` from `reads` into a slot of `pool` (as `L{unit}.{what}`) once
+    `after` is done, releasing the host slot `release` read from; returns the slot."""
+    (slot,) = ctx.b.emit(op_id, kind, "h2d", step=step, unit=unit, work=Work(bytes=nbytes),
+                         deps=[after], acquire=[pool], release=[release], reads=reads,
+                         writes=[ctx.taken(f"L{unit}.{what}")])  # fmt: skip
+    return slot
+
+
+def host_state(ctx: Ctx, unit: int) -> list[Value | None]:
+    """A streamed unit's FP32 master and moments in pinned RAM."""
+    return [ctx.home(R.MASTER, unit, "master"), ctx.home(R.MOMENTS, unit, "moments")]
+
+
+def state_bytes(ctx: Ctx, unit: int) -> int:
+    """FP32 master + both moments of a unit."""
+    return ctx.params(unit) * (FP32 + ctx.config.moment_bytes)

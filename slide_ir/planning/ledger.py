@@ -173,7 +173,7 @@ def _sliding_terms(
     sliding = [u for u in resident_preference(model) if u not in resident]
     host_updated = [u for u in sliding if u not in streamed]
     tape_terms(terms, model, config)
-    _gpu_unit_terms(terms, model, config, sliding, resident)
+    _gpu_unit_terms(terms, model, config, sliding, resident, streamed)
     streamed_staging_terms(terms, model, config, streamed)
     handback_terms(terms, config, max((unit_params(model, u) for u in resident), default=0))
     landing_terms(terms, model, config, host_updated, gpu_updated=bool(streamed or resident))
@@ -196,12 +196,15 @@ def _gpu_unit_terms(
     config: TrainConfig,
     sliding: list[int],
     resident: tuple[int, ...],
+    streamed: tuple[int, ...],
 ) -> None:
     """The sliding units' GPU slots (a cache ring for the decoder layers, a slot each for the
-    embedding and the head) and the resident units, whole."""
+    embedding and the head) and the resident units, whole. Under global clipping a streamed
+    layer keeps its cache unit from its backward to its update after the norm: a slot more."""
     n, p, mb = model.num_layers, model.layer_params, config.moment_bytes
     sliding_layers = [u for u in sliding if 1 <= u <= n]
-    units = min(config.cache_depth, len(sliding_layers))
+    held = sum(1 for u in streamed if 1 <= u <= n) if config.deferred_updates else 0
+    units = min(config.cache_depth + held, len(sliding_layers))
     terms.add(
         "gpu_units",
         Tier.GPU,

@@ -11,7 +11,9 @@ the user gave is kept.
 2. The resident count, per activation placement, by golden-section search over the counts
    that fit: the step is the longer of a bound that falls with the count (host updates, the
    link) and one that rises (device updates on the compute lane), one minimum. Then streamed
-   units for the memory left, by the closed-form estimate.
+   units for the memory left, by the closed-form estimate. Under global clipping, where a
+   streamed unit updates after the norm (`sliding`), each resident count is also timed with
+   its best streamed count, searched the same way (`resident_and_streamed`).
 3. Other cache depths (DEPTHS) for the fastest, its resident count re-fitted to each; where
    nothing fits at the default depth, the search runs again with two cache units.
 4. Kept tapes (`TrainConfig.keep_activations`: the top layers' forwards keep their autograd
@@ -48,7 +50,7 @@ from slide_ir.planning.placement_choice import Candidate, Placement
 from slide_ir.planning.sharding import rank_bytes, rank_overflows, shard_graph
 from slide_ir.planning.streaming import choose_streamed
 from slide_ir.planning.timeline import predict_step_s
-from slide_ir.planning.units import resident_preference
+from slide_ir.planning.units import resident_preference, unit_params
 from slide_ir.specs.config import TrainConfig
 from slide_ir.specs.hardware import Machine
 from slide_ir.specs.model import ModelSpec
@@ -108,7 +110,7 @@ class PlacementSearch:
         self.costs = CostModel(machine, cpu_threads=config.cpu_threads, nproc=nproc)
         self.timed: dict[Placement, Candidate] = {}
         self.ledgers: dict[Placement, Ledger] = {}
-        plain = (config.optimizer, config.grad_accum) == ("cpu", 1) and not config.deferred_updates
+        plain = (config.optimizer, config.grad_accum) == ("cpu", 1)
         self.acts = ("cpu", "gpu") if config.activations == "auto" else (config.activations,)
         self.free_resident = config.resident == "auto"
         self.free_streamed = config.streamed == "auto" and plain
@@ -163,6 +165,8 @@ class PlacementSearch:
             best = self.best_resident(self.base(acts, depth))
             if best is not None:
                 self.time(self.with_estimated_streams(best))
+        if self.free_streamed and self.config.deferred_updates and not self.config.speculated:
+            self.resident_and_streamed(replace(self.fastest(), kept=0))
         fastest = self.fastest()
         if self.free_depth and fastest.cache_units == self.config.cache_depth:
             self.refine_depth(fastest)
@@ -187,6 +191,31 @@ class PlacementSearch:
             lambda i: self.time(replace(base, resident=counts[i])).step_s, 0, len(counts) - 1
         )
         return replace(base, resident=counts[i])
+
+    def resident_and_streamed(self, base: Placement) -> None:
+        """Global clipping, its updates deferred (a streamed unit never speculates: the
+        speculating search leaves streaming to this one), from the fastest so far (`base`):
+        the resident count up to its own by golden-section search, each count timed with its
+        best streamed count (the same search inside). A streamed unit holds 4 B/param of GPU
+        memory where a resident one holds 16, so the best pair has fewer resident units than
+        the best count alone; both steps have one minimum (the host's updates after the norm
+        against the link's and the compute lane's)."""
+
+        def streamed_step(resident: int) -> float:
+            p = replace(base, resident=resident)
+            # units with parameters (a tied head has none: nothing to stream)
+            most = sum(1 for u in resident_preference(self.model)[resident:]
+                       if unit_params(self.model, u))  # fmt: skip
+            top = last_true(lambda k: self.gpu_fits(replace(p, streamed=k)), 0, most) or 0
+            k = argmin_unimodal(lambda k: self.time(replace(p, streamed=k)).step_s, 0, top)
+            return self.time(replace(p, streamed=k)).step_s
+
+        if not self.fits(base):
+            return
+        counts = [r for r in self.resident_counts(base) if r <= base.resident]
+        if not self.free_resident:
+            counts = [base.resident]
+        argmin_unimodal(lambda i: streamed_step(counts[i]), 0, len(counts) - 1)
 
     def refine_depth(self, best: Placement) -> None:
         """Other depths for the fastest placement, its resident count clipped to what fits

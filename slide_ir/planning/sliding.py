@@ -13,16 +13,26 @@ before their backward, a GPU AdamW updates them after it, and the new BF16 weigh
 state, go down on `d2h`. The next step's upload waits for the weights only; the next state
 upload waits for the state. Each streamed unit has a GPU state slot of its own, so the state
 can travel when the link is free rather than when the unit is next (`_StateTraffic`).
+
+Under global clipping a streamed unit keeps its cache unit and updates after the norm, right
+before the next forward needs it (`post_norm`).
 """
 
 from __future__ import annotations
 
-from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
+from slide_ir.ir.graph import OpKind, PoolRole, Work
 from slide_ir.planning.deferral import DeferredUpdates, redo
-from slide_ir.planning.emit_context import Ctx, param_bytes, unit_group
+from slide_ir.planning.emit_context import (
+    Ctx,
+    h2d_into,
+    host_state,
+    param_bytes,
+    state_bytes,
+    unit_group,
+)
+from slide_ir.planning.post_norm import PostNormUpdates
 from slide_ir.planning.schedules import backward, forward, prefetch_activations
 from slide_ir.planning.transfer_terms import landing_pool
-from slide_ir.planning.units import FP32, unit_params
 from slide_ir.planning.updates import OptimizerIo, device_update, gpu_adam_work, grad_accum_work
 from slide_ir.planning.values import grads, weights
 from slide_ir.planning.weight_ring import cast_for_upload
@@ -36,6 +46,9 @@ def emit_sliding(ctx: Ctx) -> None:
     c, n = ctx.config, ctx.n
     layers, ahead = sliding_layers(ctx)
     ctx.kept = frozenset(layers[len(layers) - ahead :]) if ahead else frozenset()
+    post_norm = PostNormUpdates(ctx)
+    if c.deferred_updates:  # a streamed unit keeps its cache unit (`post_norm`)
+        ctx.kept |= ctx.streamed
     ctx.persistent_grads = ctx.resident
     ctx.taped = frozenset(range(n - c.kept_tapes + 1, n + 1))
     for step in range(1, c.steps + 1):
@@ -43,7 +56,8 @@ def emit_sliding(ctx: Ctx) -> None:
         order = [u for u in (n + 1, *range(n, 0, -1), 0) if u not in ctx.resident]
         for micro in range(c.grad_accum):
             last = micro == c.grad_accum - 1
-            _Micro(ctx, step, micro, last, layers, ahead, io, order).run()
+            _Micro(ctx, step, micro, last, layers, ahead, io, order, post_norm).run()
+    post_norm.finish()
 
 
 def sliding_layers(ctx: Ctx) -> tuple[list[int], int]:
@@ -94,7 +108,7 @@ class WeightUploads:
             after, src = cast, ctx.at(weights(unit), staged)
         else:
             src = ctx.home(R.HOST_WEIGHTS, unit, "w")
-        slot = _upload(ctx, op_id, K.H2D_PARAM, self.step, unit, param_bytes(ctx, unit), after,
+        slot = h2d_into(ctx, op_id, K.H2D_PARAM, self.step, unit, param_bytes(ctx, unit), after,
                        pool, [src], release=staged)  # fmt: skip
         ctx.unit_slot[unit], ctx.weights_ready[unit] = slot, op_id
 
@@ -112,9 +126,10 @@ class _Micro(WeightUploads):
         ahead: int,
         io: OptimizerIo,
         order: list[int],
+        post_norm: PostNormUpdates,
     ) -> None:
         super().__init__(ctx, step, micro, layers, ahead)
-        self.last, self.io, self.order = last, io, order
+        self.last, self.io, self.order, self.post_norm = last, io, order, post_norm
         self.state = _StateTraffic(ctx, step)
         # global clipping: the last micro-batch's updates wait for the norm, then run 0..n+1
         use = last and ctx.config.deferred_updates
@@ -134,6 +149,7 @@ class _Micro(WeightUploads):
     # -- prefetch ------------------------------------------------------------------------------
     def before_forward(self, unit: int) -> None:
         super().before_forward(unit)
+        self.post_norm.before_forward(unit)
         if unit == self.ctx.n + 1:
             self.state.upload_share(through=unit)
 
@@ -149,7 +165,9 @@ class _Micro(WeightUploads):
     def after_bwd(self, unit: int) -> None:
         ctx = self.ctx
         produced_by = ctx.oid(self.step, self.micro, unit, "loss" if unit == ctx.n + 1 else "bwd")
-        if unit in ctx.streamed:
+        if unit in ctx.streamed and self.deferred:
+            self._streamed_deferred(unit, produced_by)
+        elif unit in ctx.streamed:
             self._streamed_update(unit)
         elif unit in ctx.resident:
             self._resident_update(unit, produced_by)
@@ -261,6 +279,14 @@ class _Micro(WeightUploads):
         ctx.last_update[unit] = down
         self.state.updated(unit)
 
+    def _streamed_deferred(self, unit: int, produced_by: str) -> None:
+        """Global clipping: the unit's norm from its cache unit, which keeps the gradient for
+        the update after the norm (`post_norm`)."""
+        ctx, step = self.ctx, self.step
+        on_gpu = ctx.at(grads(unit), ctx.unit_slot[unit])
+        self.deferred.grad_norm(unit, "gpu", [produced_by], on_gpu)
+        self.deferred.defer(unit, lambda deps, scale: self.post_norm.defer(step, unit, deps, scale))
+
 
 class _StateTraffic:
     """When a step's streamed state crosses the link.
@@ -278,9 +304,11 @@ class _StateTraffic:
     def __init__(self, ctx: Ctx, step: int) -> None:
         self.ctx, self.step = ctx, step
         n = ctx.n
-        self.order = [u for u in (0, n + 1, *range(n, 0, -1)) if u in ctx.streamed]
+        # under global clipping the state moves after the norm (`post_norm`)
+        moves = not ctx.config.deferred_updates
+        self.order = [u for u in (0, n + 1, *range(n, 0, -1)) if u in ctx.streamed and moves]
         self.to_upload = list(self.order)
-        self.total = sum(_state_bytes(ctx, u) for u in self.order)
+        self.total = sum(state_bytes(ctx, u) for u in self.order)
         self.sent = 0
         self.phases = 0
         self.deferred: list[int] = []
@@ -294,7 +322,7 @@ class _StateTraffic:
         for unit in (0, *range(1, ctx.n + 2)):  # the reverse of the update order
             if unit not in ctx.streamed:
                 continue
-            budget -= _state_bytes(ctx, unit)
+            budget -= state_bytes(ctx, unit)
             if budget < 0:
                 break
             out.add(unit)
@@ -314,11 +342,11 @@ class _StateTraffic:
     def _upload(self, unit: int) -> None:
         ctx = self.ctx
         self.to_upload.remove(unit)
-        self.sent += _state_bytes(ctx, unit)
+        self.sent += state_bytes(ctx, unit)
         op_id, pool = ctx.sid(self.step, unit, "opt.h2d"), f"gpu_opt_{unit_group(ctx, unit)}"
         after = ctx.state_ready.get(unit)
-        slot = _upload(ctx, op_id, K.OPT_H2D, self.step, unit, _state_bytes(ctx, unit), after,
-                       pool, _host_state(ctx, unit), "state")  # fmt: skip
+        slot = h2d_into(ctx, op_id, K.OPT_H2D, self.step, unit, state_bytes(ctx, unit), after,
+                       pool, host_state(ctx, unit), "state")  # fmt: skip
         ctx.opt_slot[unit], ctx.opt_ready[unit] = slot, op_id
 
     def updated(self, unit: int) -> None:
@@ -336,38 +364,7 @@ class _StateTraffic:
         op_id = ctx.sid(step, unit, "opt.d2h")
         slot = ctx.opt_slot.pop(unit)
         ctx.b.emit(op_id, K.OPT_D2H, "d2h", step=step, unit=unit,
-                   work=Work(bytes=_state_bytes(ctx, unit)), deps=[ctx.sid(step, unit, "gpu_adam")],
+                   work=Work(bytes=state_bytes(ctx, unit)), deps=[ctx.sid(step, unit, "gpu_adam")],
                    release=[slot], reads=[ctx.at(f"L{unit}.state", slot)],
-                   writes=_host_state(ctx, unit))  # fmt: skip
+                   writes=host_state(ctx, unit))  # fmt: skip
         ctx.state_ready[unit] = op_id
-
-
-def _upload(
-    ctx: Ctx,
-    op_id: str,
-    kind: OpKind,
-    step: int,
-    unit: int,
-    nbytes: int,
-    after: str | None,
-    pool: str,
-    reads: list[Value | None],
-    what: str = "w",
-    release: str | None = None,
-) -> str:
-    """An `h2d` copy of `nbytes` from `reads` into a slot of `pool` (as `L{unit}.{what}`) once
-    `after` is done, releasing the host slot `release` read from; returns the slot."""
-    (slot,) = ctx.b.emit(op_id, kind, "h2d", step=step, unit=unit, work=Work(bytes=nbytes),
-                         deps=[after], acquire=[pool], release=[release], reads=reads,
-                         writes=[ctx.taken(f"L{unit}.{what}")])  # fmt: skip
-    return slot
-
-
-def _host_state(ctx: Ctx, unit: int) -> list[Value | None]:
-    """A streamed unit's FP32 master and moments in pinned RAM."""
-    return [ctx.home(R.MASTER, unit, "master"), ctx.home(R.MOMENTS, unit, "moments")]
-
-
-def _state_bytes(ctx: Ctx, unit: int) -> int:
-    """FP32 master + both moments of a unit."""
-    return unit_params(ctx.model, unit) * (FP32 + ctx.config.moment_bytes)

@@ -72,17 +72,31 @@ def opt_staging_terms(
         )
 
 
+# global clipping: GPU state slots a group's streamed units take turns in after the norm (one
+# coming up while the one before it goes down)
+POST_NORM_STATE_SLOTS = 2
+
+
 def streamed_staging_terms(
     terms: Terms, model: ModelSpec, config: TrainConfig, streamed: tuple[int, ...]
 ) -> None:
     """The GPU side of streamed updates: per slot one unit's FP32 master and moments, one slot
     per streamed unit: the schedule moves the state when the link is free, so most of the
-    step's states are on the GPU at once."""
+    step's states are on the GPU at once. Under global clipping the states move after the
+    norm, in turn, through `POST_NORM_STATE_SLOTS` slots a group."""
     per = FP32 + config.moment_bytes
     for group, members in unit_groups(model, list(streamed)):
-        terms.add_group(f"gpu_opt_{group}", Tier.GPU, members, unit_params(model, members[0]),
-                        per, "streamed optimizer state (fp32 master, moments)",
-                        role=R.STREAM_STATE, static=False)  # fmt: skip
+        p = unit_params(model, members[0])
+        if not config.deferred_updates:
+            terms.add_group(f"gpu_opt_{group}", Tier.GPU, members, p, per,
+                            "streamed optimizer state (fp32 master, moments)",
+                            role=R.STREAM_STATE, static=False)  # fmt: skip
+            continue
+        slots = min(len(members), POST_NORM_STATE_SLOTS)
+        terms.add(f"gpu_opt_{group}", Tier.GPU, slots, p * per,
+                  "streamed optimizer state after the norm (fp32 master, moments)",
+                  f"{slots} x {p:.4g} params x {per} B", role=R.STREAM_STATE,
+                  units=tuple(members))  # fmt: skip
 
 
 def grad_accum_terms(terms: Terms, model: ModelSpec, config: TrainConfig, units: list[int]) -> None:

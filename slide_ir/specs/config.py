@@ -205,7 +205,6 @@ class TrainConfig:
         _positive("reduce_bucket", self.reduce_bucket)
         if not self.clip_norm > 0:
             raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
-        _global_clip(self)
         for name in ("gpu_margin", "host_margin"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -321,17 +320,3 @@ def _positive(name: str, value: int) -> None:
 def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise ValueError(f"{name} must be one of {', '.join(valid)}; got {value!r}")
-
-
-def _global_clip(config: TrainConfig) -> None:
-    """Global clipping defers every update until the norm: a streamed unit's GPU AdamW needs
-    its gradient and state on the GPU at once, which deferral cannot keep for every streamed
-    unit (the baselines update after the backward anyway)."""
-    if config.clip != Clip.GLOBAL:
-        return
-    if isinstance(config.streamed, int) and config.streamed > 0:
-        raise ValueError(
-            f"clip 'global' cannot stream units (streamed={config.streamed}): their GPU AdamW "
-            "would hold a cache unit per streamed unit until the norm; use streamed=0 or 'auto', or "
-            "clip 'per-unit'"
-        )

@@ -19,6 +19,7 @@ from slide_ir.planning.planner import plan
 CASES = {
     "sliding": {},
     "streamed-3": {"streamed": 3},
+    "streamed-3-global-clipping": {"streamed": 3, "clip": "global", "speculate": 0},
     "resident-2-streamed-2-bf16-moments": {"resident": 2, "streamed": 2, "moments_dtype": "bf16"},
     "grad-accum-2": {"grad_accum": 2, "streamed": 0},
     "nvme-moments": {"optimizer": "nvme-moments", "streamed": 0},

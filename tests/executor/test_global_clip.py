@@ -33,6 +33,9 @@ CASES = {
     "accum-sliding": (False, 0, {"grad_accum": 2}),
     "tied-accum-resident-mix": (True, 0, {"resident": 3, "grad_accum": 2}),
     "nvme-state": (False, 1, {"optimizer": "nvme"}),
+    # streamed units update after the norm through two GPU state slots: three layers take turns
+    "streamed-after-the-norm": (False, 0, {"streamed": 4, "speculate": 0}),
+    "tied-resident-streamed-mix": (True, 0, {"resident": 1, "streamed": 3}),
     "all-resident-kept-tapes": (True, 0, {"placement": "fast", "activations": "gpu"}),
     "gpu-only": (True, 0, {"schedule": "gpu-only"}),
     "gpu-only-accum": (False, 0, {"schedule": "gpu-only", "grad_accum": 2}),
@@ -115,7 +118,8 @@ def _poison(monkeypatch: pytest.MonkeyPatch, steps: set[int]) -> None:
     monkeypatch.setattr(repetition, "micro_batches", poisoned)
 
 
-@pytest.mark.parametrize("extra", [{}, {"resident": 2}], ids=["sliding", "resident-mix"])
+@pytest.mark.parametrize("extra", [{}, {"resident": 2}, {"streamed": 3, "speculate": 0}],
+                         ids=["sliding", "resident-mix", "streamed"])
 def test_non_finite_step_skipped_bitwise(monkeypatch: pytest.MonkeyPatch, extra: dict) -> None:
     """Step 3's gradients NaN: the run equals one that never saw step 3's batch, bit for bit
     (Adam's bias correction counts the updates made)."""
@@ -144,6 +148,7 @@ SPECULATION = {
     "sliding": (False, {}),
     "accum-sliding": (False, {"grad_accum": 2}),
     "tied-resident-mix": (True, {"resident": 2}),
+    "streamed-mix": (False, {"streamed": 3}),
 }
 
 

@@ -1,0 +1,115 @@
+"""Streamed units under global clipping: their GPU AdamW after the norm, each right before the
+next forward needs the unit.
+
+Without clipping a streamed unit's state comes up before its backward and goes down after its
+update (`sliding._StateTraffic`), a GPU slot per unit. Under global clipping no update may run
+before the norm, which the backward's last gradient completes. A streamed unit then keeps its
+cache unit (BF16 weights and gradient: 4 B/param, where a resident unit holds 16) for the whole
+step, and its FP32 state takes turns through a few GPU state slots (`state_terms.
+POST_NORM_STATE_SLOTS`): up as soon as a slot is free (the first ones during the backward: they
+do not need the norm), the GPU AdamW in the next step's compute chain just before the unit's
+forward, which reads the new weights where the update wrote them, and the state down. The
+copy engines carry these units' updates while the host updates the others, and the next
+forward starts with the norm instead of after every streamed update. (The states that came up
+during the backward update at the forward's start, not at their unit: a step's updates end at
+a point of the next step that does not depend on where its streamed units sit.) After a graph's last
+step every waiting update runs and the new weights go down too: the next pass uploads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slide_ir.ir.graph import OpKind, PoolRole, Value, Work
+from slide_ir.planning.emit_context import (
+    Ctx,
+    h2d_into,
+    host_state,
+    param_bytes,
+    state_bytes,
+    unit_group,
+)
+from slide_ir.planning.updates import gpu_adam_work
+from slide_ir.planning.values import grads, weights
+
+K = OpKind
+R = PoolRole
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    step: int
+    deps: list[str]  # the norm
+    scale: Value | None
+
+
+class PostNormUpdates:
+    """One graph's streamed updates waiting for a norm, and their states' turns."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        self.waiting: dict[int, _Waiting] = {}
+        self.queue: list[int] = []  # units whose state waits for a slot, in update order
+        self.up: dict[int, tuple[str, str]] = {}  # unit -> (its state's upload, the slot)
+        self.slots = {p.name: p.slots for p in ctx.b.pools if p.role == R.STREAM_STATE}
+
+    def defer(self, step: int, unit: int, deps: list[str], scale: Value | None) -> None:
+        """`unit`'s update of `step` waits for the forward that next needs it."""
+        self.waiting[unit] = _Waiting(step, deps, scale)
+        self.queue.append(unit)
+        self._send()
+
+    def before_forward(self, unit: int) -> None:
+        """The unit's waiting update, before its forward (which reads the weights it writes);
+        at the forward's start, those of every state already on its way up: the states that
+        went up during the backward are not waited for there, and their slots free sooner."""
+        ready = sorted(self.up) if unit == 0 else []
+        for u in [*ready, unit]:
+            if u in self.waiting:
+                self._update(u, last=False)
+
+    def finish(self) -> None:
+        """The graph's end: every waiting update, its weights down for the next pass."""
+        for unit in sorted(self.waiting):
+            self._update(unit, last=True)
+
+    def _pool(self, unit: int) -> str:
+        return f"gpu_opt_{unit_group(self.ctx, unit)}"
+
+    def _send(self) -> None:
+        """Upload waiting states in turn while their pool has a slot free."""
+        while self.queue:
+            pool = self._pool(self.queue[0])
+            if sum(self._pool(u) == pool for u in self.up) == self.slots[pool]:
+                return
+            unit = self.queue.pop(0)
+            op_id = self.ctx.sid(self.waiting[unit].step, unit, "opt.h2d")
+            slot = h2d_into(self.ctx, op_id, K.OPT_H2D, self.waiting[unit].step, unit,
+                            state_bytes(self.ctx, unit), self.ctx.state_ready.get(unit), pool,
+                            host_state(self.ctx, unit), "state")  # fmt: skip
+            self.up[unit] = (op_id, slot)
+
+    def _update(self, unit: int, *, last: bool) -> None:
+        ctx, wait = self.ctx, self.waiting.pop(unit)
+        step = wait.step
+        up, state_slot = self.up.pop(unit)
+        slot = ctx.unit_slot[unit]
+        state, w = ctx.at(f"L{unit}.state", state_slot), ctx.at(weights(unit), slot)
+        adam = ctx.sid(step, unit, "gpu_adam")
+        ctx.b.emit(adam, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
+                   deps=[*wait.deps, up], reads=[ctx.at(grads(unit), slot), state, wait.scale],
+                   writes=[w, state])  # fmt: skip
+        ctx.weights_ready[unit] = ctx.last_update[unit] = adam
+        if last:
+            down = ctx.sid(step, unit, "w.d2h")
+            ctx.b.emit(down, K.W_D2H, "d2h", step=step, unit=unit,
+                       work=Work(bytes=param_bytes(ctx, unit)), deps=[adam],
+                       release=[ctx.unit_slot.pop(unit)], reads=[w],
+                       writes=[ctx.home(R.HOST_WEIGHTS, unit, "w")])  # fmt: skip
+            ctx.last_update[unit] = down
+        state_down = ctx.sid(step, unit, "opt.d2h")
+        ctx.b.emit(state_down, K.OPT_D2H, "d2h", step=step, unit=unit,
+                   work=Work(bytes=state_bytes(ctx, unit)), deps=[adam], release=[state_slot],
+                   reads=[state], writes=host_state(ctx, unit))  # fmt: skip
+        ctx.state_ready[unit] = state_down
+        self._send()
