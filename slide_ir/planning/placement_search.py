@@ -110,7 +110,15 @@ class PlacementSearch:
         self.costs = CostModel(machine, cpu_threads=config.cpu_threads, nproc=nproc)
         self.timed: dict[Placement, Candidate] = {}
         self.ledgers: dict[Placement, Ledger] = {}
+        # under global clipping a streamed unit updates after the norm (`post_norm`): one GPU's
         plain = (config.optimizer, config.grad_accum) == ("cpu", 1)
+        if config.deferred_updates and nproc > 1:
+            if isinstance(config.streamed, int) and config.streamed > 0:
+                raise ValueError(
+                    f"streamed={config.streamed} with clip 'global' runs on one GPU only (got "
+                    f"{nproc} data-parallel ranks); use streamed=0 or 'auto', or clip 'per-unit'"
+                )
+            plain = False
         self.acts = ("cpu", "gpu") if config.activations == "auto" else (config.activations,)
         self.free_resident = config.resident == "auto"
         self.free_streamed = config.streamed == "auto" and plain

@@ -3,6 +3,8 @@ landing buffers the wait needs, and what the mode refuses."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from slide_ir import TrainConfig, load_machine, load_model
@@ -64,22 +66,55 @@ def test_landing_buffer_per_host_updated_layer() -> None:
 def test_the_wait_is_priced() -> None:
     """Pure sliding: the host updates overlap the next forward instead of the backward, so the
     prediction is slower than without clipping, by what the simulator finds."""
-    none, global_ = _plan(resident=0), _plan(resident=0, clip="global")
+    none = _plan(resident=0, streamed=0)
+    global_ = _plan(resident=0, streamed=0, clip="global", speculate=0)
     costs = CostModel(load_machine(MACHINE))
     assert predict_step_s(global_.graph, costs) > predict_step_s(none.graph, costs)
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"streamed": 2}, "cannot stream units"),
-    ],
-)
-def test_refused(extra: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        TrainConfig(batch=4, seq=512, clip="global", **extra)  # type: ignore[arg-type]
+def test_streamed_units_update_after_the_norm_before_the_next_forward_needs_them() -> None:
+    """A streamed unit keeps its cache unit through the step; its state comes up through two
+    GPU slots, its GPU AdamW waits for the norm and runs before the unit's next forward,
+    which reads the weights where the update wrote them (no upload, no gradient download)."""
+    p = _plan(clip="global", speculate=0, resident=2, streamed=5)
+    graph, n = p.graph, p.model.num_layers
+    streamed = [u for u, where in enumerate(graph.info.placement) if where == "streamed"]
+    assert streamed == [2, 3, 4, 5, 6]
+    assert graph.pool("gpu_opt_layers").slots == 2
+    by_id = {op.id: op for op in graph.ops}
+    index = {op.id: i for i, op in enumerate(graph.ops)}
+    for u in streamed:
+        assert not any(op.kind in (K.D2H_GRAD, K.H2D_PARAM) and op.unit == u and op.step == 2
+                       for op in graph.ops)  # fmt: skip
+        adam = by_id[f"s1.L{u}.gpu_adam"]
+        assert "s1.norm" in adam.deps
+        (grad,) = [v for v in adam.reads if v.name == f"L{u}.g"]
+        assert grad.slot.startswith("gpu_units")
+        forward = by_id[f"s2.L{u}.fwd"]
+        assert adam.id in forward.deps and index[adam.id] < index[forward.id]
+        assert any(v.slot == grad.slot for v in forward.reads)
+    # after the graph's last step the new weights go down for the next pass's uploads
+    last = graph.info.steps
+    assert all(f"s{last}.L{u}.w.d2h" in by_id for u in streamed)
+    assert n > len(streamed)
 
 
-def test_search_streams_nothing() -> None:
-    p = _plan(clip="global", resident=0)
-    assert p.config.streamed == 0
+def test_search_streams_where_the_gpu_is_short() -> None:
+    """A 24 GB budget: streamed units (4 B/param of GPU memory until their update after the
+    norm) are faster than the best placement without them, by the search's own timing."""
+    machine = load_machine(MACHINE)
+    config = TrainConfig(batch=16, seq=1024, steps=2, clip="global", speculate=0,
+                         gpu_memory_gb=24)  # fmt: skip
+    model = load_model("llama-3.2-3b")
+    searched = plan(model, machine, config)
+    without = plan(model, machine, replace(config, streamed=0))
+    assert searched.config.streamed > 0
+    assert searched.choice.predicted_step_s < 0.9 * without.choice.predicted_step_s
+
+
+def test_data_parallel_ranks_do_not_stream_under_global_clipping() -> None:
+    machine, model = load_machine(MACHINE), load_model(MODEL)
+    config = TrainConfig(batch=4, seq=512, steps=2, clip="global", streamed=2)
+    with pytest.raises(ValueError, match="streamed=2 with clip 'global' runs on one GPU only"):
+        plan(model, machine, config, nproc=2)
+    assert plan(model, machine, replace(config, streamed="auto"), nproc=2).config.streamed == 0

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Streamed units under global clipping (post_norm), whatever card comes, one lease: the default
+# path (`--clip global`) before (.before) and after on the memory-bound cases, where the host's
+# updates after the norm bound the step: llama-3.1-8b b16 on the card's whole memory and
+# llama-3.2-3b b16 under `--gpu-memory-gb 24`; then this tree's per-unit and no-clipping runs of
+# the same shapes beside them (issue 32's "global within 3% of per-unit").
+#   rm -rf .before && mkdir .before && git archive COMMIT | tar -x -C .before
+#   carry [".whl", ".before"]; PART=1 bash bench/device/global_streamed.sh; then PART=2
+source bench/device/h200_env.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+B16="--batch,16,--seq,1024"
+if [ "${PART:-1}" = 1 ]; then
+  STEPS=12 ROUNDS=1 CASES="8b-global:--model,llama-3.1-8b,$B16;3b-24g-global:--model,llama-3.2-3b,$B16,--gpu-memory-gb,24" \
+    bash bench/device/h200_before_after.sh
+else
+  TREES=after STEPS=12 ROUNDS=1 CASES="8b-per-unit:--model,llama-3.1-8b,$B16,--clip,per-unit;3b-24g-per-unit:--model,llama-3.2-3b,$B16,--gpu-memory-gb,24,--clip,per-unit;3b-24g-none:--model,llama-3.2-3b,$B16,--gpu-memory-gb,24,--clip,none" \
+    bash bench/device/h200_before_after.sh
+fi
+stamp done
