@@ -118,8 +118,11 @@ def _poison(monkeypatch: pytest.MonkeyPatch, steps: set[int]) -> None:
     monkeypatch.setattr(repetition, "micro_batches", poisoned)
 
 
-@pytest.mark.parametrize("extra", [{}, {"resident": 2}, {"streamed": 3, "speculate": 0}],
-                         ids=["sliding", "resident-mix", "streamed"])
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"resident": 2}, {"streamed": 3, "speculate": 0}],
+    ids=["sliding", "resident-mix", "streamed"],
+)
 def test_non_finite_step_skipped_bitwise(monkeypatch: pytest.MonkeyPatch, extra: dict) -> None:
     """Step 3's gradients NaN: the run equals one that never saw step 3's batch, bit for bit
     (Adam's bias correction counts the updates made)."""
