@@ -5,15 +5,24 @@
 # llama-3.2-3b b16 under `--gpu-memory-gb 24`; then this tree's per-unit and no-clipping runs of
 # the same shapes beside them (issue 32's "global within 3% of per-unit").
 #   rm -rf .before && mkdir .before && git archive COMMIT | tar -x -C .before
-#   carry [".whl", ".before"]; PART=1 bash bench/device/global_streamed.sh; then PART=2
+#   carry [".whl", ".before", ".anchors"]; PART=1 bash bench/device/global_streamed.sh; then PART=2
+#   (cp -r ../shared/anchors .anchors for the SlideFormer run)
 source bench/device/h200_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 B16="--batch,16,--seq,1024"
-if [ "${PART:-1}" = 1 ]; then
+if [ "${PART:-1}" = 3 ]; then  # this tree's defaults (8B, 3B), pure sliding, SlideFormer, one lease
+  TREES=after STEPS=12 ROUNDS=1 CASES="8b-defaults:--model,llama-3.1-8b,$B16;3b-defaults:--model,llama-3.2-3b,$B16;3b-small-none:--model,llama-3.2-3b,$B16,--placement,small,--clip,none" \
+    bash bench/device/h200_before_after.sh
+  timeout 200 bash .anchors/ext/drivers/run_sf.sh 3b 16 > "$OUT/slideformer-3b-16.txt" 2>&1
+  tail -3 "$OUT/slideformer-3b-16.txt"
+elif [ "${PART:-1}" = 1 ]; then
   STEPS=12 ROUNDS=1 CASES="8b-global:--model,llama-3.1-8b,$B16;3b-24g-global:--model,llama-3.2-3b,$B16,--gpu-memory-gb,24" \
     bash bench/device/h200_before_after.sh
-else
-  TREES=after STEPS=12 ROUNDS=1 CASES="8b-per-unit:--model,llama-3.1-8b,$B16,--clip,per-unit;3b-24g-per-unit:--model,llama-3.2-3b,$B16,--gpu-memory-gb,24,--clip,per-unit;3b-24g-none:--model,llama-3.2-3b,$B16,--gpu-memory-gb,24,--clip,none" \
+else  # this tree: 8B per-unit, 8B global with streamed units pinned, 3B at 24 GB unclipped, SlideFormer
+  TREES=after STEPS=12 ROUNDS=1 CASES="8b-per-unit:--model,llama-3.1-8b,$B16,--clip,per-unit;8b-global-pinned:--model,llama-3.1-8b,$B16,--resident,12,--streamed,15,--speculate,0;3b-24g-none:--model,llama-3.2-3b,$B16,--gpu-memory-gb,24,--clip,none" \
     bash bench/device/h200_before_after.sh
+  cp /tmp/slide-cache-*/slide/machines/*.toml "$OUT/" 2>/dev/null
+  timeout 200 bash .anchors/ext/drivers/run_sf.sh 3b 16 > "$OUT/slideformer-3b-16.txt" 2>&1
+  tail -3 "$OUT/slideformer-3b-16.txt"
 fi
 stamp done

@@ -421,12 +421,17 @@ def test_the_plan_shows_bytes_per_parameter_per_tier(capsys):
 def test_under_global_clipping_the_plan_says_what_its_candidates_were_timed_with(capsys):
     """The search's step is not the plan's when updates speculate: the line says which count
     the candidates were timed with (none without global clipping)."""
-    argv = ("plan", "--model", "llama-3.1-8b", "--machine", "paper-pc-4090", "--batch", "8")
+    argv = ("plan", "--model", "llama-3.1-8b", "--machine", "paper-pc-4090")
     told = {}
-    for extra in ((), ("--speculate", "3"), ("--clip", "per-unit")):
+    cases = (("--batch", "16"), ("--batch", "8"), ("--batch", "8", "--speculate", "3", "--held-grads", "ram"),
+             ("--batch", "8", "--clip", "per-unit"))  # fmt: skip
+    for extra in cases:
         code, out, _ = run(capsys, *argv, *extra)
         assert code == 0
         told[extra] = [line for line in out.splitlines() if "candidates timed with" in line]
-    assert "every host update speculating" in told[()][0]
-    assert "the first 3 host updates speculating" in told[("--speculate", "3")][0]
-    assert told[("--clip", "per-unit")] == []
+    # batch 16: the plan of the search with every host update speculating wins; batch 8: the
+    # one with every update waiting (at the planner's one-in-two prior of rolled-back steps)
+    assert "every host update speculating" in told[cases[0]][0]
+    assert "every update waiting for the norm" in told[cases[1]][0]
+    assert "the first 3 host updates speculating" in told[cases[2]][0]
+    assert told[cases[3]] == []
