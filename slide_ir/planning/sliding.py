@@ -166,7 +166,7 @@ class _Micro(WeightUploads):
         ctx = self.ctx
         produced_by = ctx.oid(self.step, self.micro, unit, "loss" if unit == ctx.n + 1 else "bwd")
         if unit in ctx.streamed and self.deferred:
-            self._streamed_deferred(unit, produced_by)
+            self._streamed_deferred(unit, produced_by, self.deferred)
         elif unit in ctx.streamed:
             self._streamed_update(unit)
         elif unit in ctx.resident:
@@ -279,13 +279,13 @@ class _Micro(WeightUploads):
         ctx.last_update[unit] = down
         self.state.updated(unit)
 
-    def _streamed_deferred(self, unit: int, produced_by: str) -> None:
+    def _streamed_deferred(self, unit: int, produced_by: str, deferred: DeferredUpdates) -> None:
         """Global clipping: the unit's norm from its cache unit, which keeps the gradient for
         the update after the norm (`post_norm`)."""
         ctx, step = self.ctx, self.step
         on_gpu = ctx.at(grads(unit), ctx.unit_slot[unit])
-        self.deferred.grad_norm(unit, "gpu", [produced_by], on_gpu)
-        self.deferred.defer(unit, lambda deps, scale: self.post_norm.defer(step, unit, deps, scale))
+        deferred.grad_norm(unit, "gpu", [produced_by], on_gpu)
+        deferred.defer(unit, lambda deps, scale: self.post_norm.defer(step, unit, deps, scale))
 
 
 class _StateTraffic:
