@@ -32,7 +32,9 @@ the user gave is kept.
 Resident units are searched before streamed ones: a streamed unit's GPU staging (FP32 master,
 moments and the update's FP32 gradient: 16 B/param with FP32 moments) costs what a resident
 unit (BF16 weights and grads, FP32 master and moments) does, and a resident unit moves nothing
-over the link. On the catalog presets the search lands within 1.7% of the best of every
+over the link. Under global clipping a streamed unit holds 4 B/param and its state passes
+through a ring of slots after the norm (`post_norm`): fewer resident units leave room for
+many, hence the paired search of step 2. On the catalog presets the search lands within 1.7% of the best of every
 activation x depth x resident count (tests/slide_ir/test_placement.py checks two of them).
 """
 

@@ -1,19 +1,18 @@
-"""Streamed units under global clipping: their GPU AdamW after the norm, each right before the
-next forward needs the unit.
+"""Streamed units under global clipping: their GPU AdamW after the norm, on the copy engines'
+lane, in turn through a few GPU state slots.
 
 Without clipping a streamed unit's state comes up before its backward and goes down after its
 update (`sliding._StateTraffic`), a GPU slot per unit. Under global clipping no update may run
 before the norm, which the backward's last gradient completes. A streamed unit then keeps its
 cache unit (BF16 weights and gradient: 4 B/param, where a resident unit holds 16) for the whole
-step, and its FP32 state takes turns through a few GPU state slots (`state_terms.
-POST_NORM_STATE_SLOTS`): up as soon as a slot is free (the first ones during the backward: they
-do not need the norm), the GPU AdamW in the next step's compute chain just before the unit's
-forward, which reads the new weights where the update wrote them, and the state down. The
-copy engines carry these units' updates while the host updates the others, and the next
-forward starts with the norm instead of after every streamed update. (The states that came up
-during the backward update at the forward's start, not at their unit: a step's updates end at
-a point of the next step that does not depend on where its streamed units sit.) After a graph's last
-step every waiting update runs and the new weights go down too: the next pass uploads them.
+step, and its FP32 state takes turns through `state_terms.POST_NORM_STATE_SLOTS` GPU slots: the
+first states go up at the backward's end (they do not need the norm); after the norm each
+unit's GPU AdamW runs on the `h2d` lane right behind its state's upload, its kernel on that
+lane's stream, so the compute lane starts the next forward at once and waits only where it
+reaches a unit whose update has not run; the state goes down, and the next state goes up into
+the slot. The copy engines carry these units' updates while the host updates the others. A
+step's updates need nothing of the next step (a save or a Ctrl-C between steps waits for them
+alone). After a graph's last step the new weights go down too: the next pass uploads them.
 """
 
 from __future__ import annotations
@@ -54,24 +53,30 @@ class PostNormUpdates:
         self.slots = {p.name: p.slots for p in ctx.b.pools if p.role == R.STREAM_STATE}
 
     def defer(self, step: int, unit: int, deps: list[str], scale: Value | None) -> None:
-        """`unit`'s update of `step` waits for the forward that next needs it."""
+        """`unit`'s update of `step` waits for `deps` (the norm); `run` emits it."""
         self.waiting[unit] = _Waiting(step, deps, scale)
         self.queue.append(unit)
-        self._send()
 
-    def before_forward(self, unit: int) -> None:
-        """The unit's waiting update, before its forward (which reads the weights it writes);
-        at the forward's start, those of every state already on its way up: the states that
-        went up during the backward are not waited for there, and their slots free sooner."""
-        ready = sorted(self.up) if unit == 0 else []
-        for u in [*ready, unit]:
-            if u in self.waiting:
-                self._update(u, last=False)
+    def run(self) -> None:
+        """The step's waiting updates, in unit order (the next forward's)."""
+        self._send()
+        for unit in sorted(self.waiting):
+            self._update(unit)
 
     def finish(self) -> None:
-        """The graph's end: every waiting update, its weights down for the next pass."""
-        for unit in sorted(self.waiting):
-            self._update(unit, last=True)
+        """The graph's end: every streamed unit's new weights down (the next pass uploads
+        them), its cache unit freed."""
+        ctx = self.ctx
+        for unit in sorted(ctx.streamed):
+            if unit not in ctx.unit_slot:
+                continue
+            slot, step = ctx.unit_slot.pop(unit), ctx.config.steps
+            down = ctx.sid(step, unit, "w.d2h")
+            ctx.b.emit(down, K.W_D2H, "d2h", step=step, unit=unit,
+                       work=Work(bytes=param_bytes(ctx, unit)), deps=[ctx.last_update[unit]],
+                       release=[slot], reads=[ctx.at(weights(unit), slot)],
+                       writes=[ctx.home(R.HOST_WEIGHTS, unit, "w")])  # fmt: skip
+            ctx.last_update[unit] = down
 
     def _pool(self, unit: int) -> str:
         return f"gpu_opt_{unit_group(self.ctx, unit)}"
@@ -89,24 +94,17 @@ class PostNormUpdates:
                             host_state(self.ctx, unit), "state")  # fmt: skip
             self.up[unit] = (op_id, slot)
 
-    def _update(self, unit: int, *, last: bool) -> None:
+    def _update(self, unit: int) -> None:
         ctx, wait = self.ctx, self.waiting.pop(unit)
         step = wait.step
         up, state_slot = self.up.pop(unit)
         slot = ctx.unit_slot[unit]
         state, w = ctx.at(f"L{unit}.state", state_slot), ctx.at(weights(unit), slot)
         adam = ctx.sid(step, unit, "gpu_adam")
-        ctx.b.emit(adam, K.GPU_ADAM, "gpu", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
+        ctx.b.emit(adam, K.GPU_ADAM, "h2d", step=step, unit=unit, work=gpu_adam_work(ctx, unit),
                    deps=[*wait.deps, up], reads=[ctx.at(grads(unit), slot), state, wait.scale],
                    writes=[w, state])  # fmt: skip
         ctx.weights_ready[unit] = ctx.last_update[unit] = adam
-        if last:
-            down = ctx.sid(step, unit, "w.d2h")
-            ctx.b.emit(down, K.W_D2H, "d2h", step=step, unit=unit,
-                       work=Work(bytes=param_bytes(ctx, unit)), deps=[adam],
-                       release=[ctx.unit_slot.pop(unit)], reads=[w],
-                       writes=[ctx.home(R.HOST_WEIGHTS, unit, "w")])  # fmt: skip
-            ctx.last_update[unit] = down
         state_down = ctx.sid(step, unit, "opt.d2h")
         ctx.b.emit(state_down, K.OPT_D2H, "d2h", step=step, unit=unit,
                    work=Work(bytes=state_bytes(ctx, unit)), deps=[adam], release=[state_slot],

@@ -14,8 +14,8 @@ state, go down on `d2h`. The next step's upload waits for the weights only; the 
 upload waits for the state. Each streamed unit has a GPU state slot of its own, so the state
 can travel when the link is free rather than when the unit is next (`_StateTraffic`).
 
-Under global clipping a streamed unit keeps its cache unit and updates after the norm, right
-before the next forward needs it (`post_norm`).
+Under global clipping a streamed unit keeps its cache unit and updates after the norm, on the
+copy engines' lane (`post_norm`).
 """
 
 from __future__ import annotations
@@ -145,11 +145,11 @@ class _Micro(WeightUploads):
         self.state.flush_downloads()
         if self.deferred:
             self.deferred.flush()
+            self.post_norm.run()
 
     # -- prefetch ------------------------------------------------------------------------------
     def before_forward(self, unit: int) -> None:
         super().before_forward(unit)
-        self.post_norm.before_forward(unit)
         if unit == self.ctx.n + 1:
             self.state.upload_share(through=unit)
 

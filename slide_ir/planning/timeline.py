@@ -18,7 +18,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from slide_ir.ir.graph import Graph, GraphInfo, Op, OpKind, UnitPlacement
+from slide_ir.ir.graph import Graph, Op, OpKind
 from slide_ir.ir.trace import Span, Trace
 from slide_ir.planning.cost import CostModel
 
@@ -88,35 +88,19 @@ def predict(graph: Graph, costs: CostModel) -> Trace:
 def predict_step_s(graph: Graph, costs: CostModel) -> float:
     """`step_time_s(predict(graph, costs))`, without building spans."""
     times = _predicted_times(graph, costs)
-    marks = _marks(graph.info)
     ends: dict[int, float] = {}
     for op in graph.ops:
-        if marks is None or op.kind in marks:
-            ends[op.step] = max(ends.get(op.step, 0.0), times[op.id][1])
+        ends[op.step] = max(ends.get(op.step, 0.0), times[op.id][1])
     return _steady_period(ends, min(s for s, _ in times.values()))
 
 
 def step_time_s(trace: Trace) -> float:
     """Mean period between the ends of consecutive steady steps (>= 2), as `trace_metrics`
-    defines it; the first step's length when there is only one. (Where streamed updates wait
-    for the next forward, between the ends of consecutive steps' losses: `_marks`.)"""
-    marks = _marks(trace.info)
+    defines it; the first step's length when there is only one."""
     ends: dict[int, float] = {}
     for s in trace.spans:
-        if marks is None or s.kind in marks:
-            ends[s.step] = max(ends.get(s.step, s.end), s.end)
+        ends[s.step] = max(ends.get(s.step, s.end), s.end)
     return _steady_period(ends, min(s.start for s in trace.spans))
-
-
-def _marks(info: GraphInfo) -> frozenset[str] | None:
-    """The op kinds whose ends mark a step's end: every kind (None), or under global clipping
-    with streamed units the loss only. Those units' updates of step s run inside step s + 1's
-    forward, where each of its units comes (`post_norm`), and the last step's right after
-    its norm: a step's last op is at a different point of the steady cycle in the first and
-    the last step, which skews the mean period of a short graph; the loss is at the same
-    point of every step."""
-    streamed = UnitPlacement.STREAMED in info.placement
-    return frozenset({OpKind.LOSS}) if streamed and info.global_clip_norm > 0 else None
 
 
 def _steady_period(ends: Mapping[int, float], t0: float) -> float:

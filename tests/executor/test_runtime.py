@@ -129,11 +129,18 @@ def test_wait_timeout_names_the_waiter(monkeypatch: pytest.MonkeyPatch) -> None:
         run_executor(False, steps=1)
 
 
-def test_on_step_stop_leaves_the_state_of_the_steps_done() -> None:
-    """Stopping is clean: the weights equal an uninterrupted run of as many steps."""
-    stopped = run_executor(False, train_kwargs={"on_step": lambda step, *_: step >= 2})
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"streamed": 3, "clip": "global", "clip_norm": 0.05, "speculate": 0}],
+    ids=["sliding", "streamed-global-clipping"],
+)
+def test_on_step_stop_leaves_the_state_of_the_steps_done(config: dict) -> None:
+    """Stopping is clean: the weights equal an uninterrupted run of as many steps (streamed
+    units under global clipping too: their updates after the norm need nothing of the next
+    step)."""
+    stopped = run_executor(False, train_kwargs={"on_step": lambda step, *_: step >= 2}, **config)
     assert stopped.steps_done in (2, 3)  # the step already handed to the lanes also finishes
-    assert_bitwise_equal(stopped, run_executor(False, steps=stopped.steps_done))
+    assert_bitwise_equal(stopped, run_executor(False, steps=stopped.steps_done, **config))
 
 
 @pytest.mark.parametrize(

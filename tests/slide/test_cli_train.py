@@ -58,22 +58,35 @@ def test_checkpoint_metrics_and_reload(tmp_path, tokens, capsys):
     assert sum(p.numel() for p in model.parameters()) == 250_432
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path, tokens, capsys):
+# the save after step 3 is inside the run's one 6-step pass; streamed units under global
+# clipping update after the norm, on the copy lane: the save waits for that step's alone
+@pytest.mark.parametrize("extra", [(), ("--streamed", "4", "--speculate", "0")],
+                         ids=["defaults", "streamed-global"])  # fmt: skip
+def test_resume_equals_an_uninterrupted_run(tmp_path, tokens, capsys, extra):
     whole, half, resumed = tmp_path / "whole", tmp_path / "half", tmp_path / "resumed"
-    assert train(capsys, "--data", tokens, "--steps", "4", "--out", str(whole))[0] == 0
-    assert train(capsys, "--data", tokens, "--steps", "4", "--out", str(half), "--save-every",
-                 "2")[0] == 0  # fmt: skip
-    shutil.rmtree(half / "checkpoints" / "step-000004")  # as if killed after step 2's save
+    assert train(capsys, "--data", tokens, "--steps", "6", "--out", str(whole), *extra)[0] == 0
+    assert train(capsys, "--data", tokens, "--steps", "6", "--out", str(half), "--save-every",
+                 "3", *extra)[0] == 0  # fmt: skip
+    shutil.rmtree(half / "checkpoints" / "step-000006")  # as if killed after step 3's save
     code, stdout, _ = train(
-        capsys, "--data", tokens, "--steps", "4", "--resume", str(half), "--out", str(resumed)
+        capsys,
+        "--data",
+        tokens,
+        "--steps",
+        "6",
+        "--resume",
+        str(half),
+        "--out",
+        str(resumed),
+        *extra,
     )
-    assert code == 0 and json.loads(stdout)["steps_done"] == 4
+    assert code == 0 and json.loads(stdout)["steps_done"] == 6
     a = load_file(str(whole / "model.safetensors"))
     b = load_file(str(resumed / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     ma, mb = (
-        load_file(str(whole / "checkpoints" / "step-000004" / "optimizer.safetensors")),
-        load_file(str(resumed / "checkpoints" / "step-000004" / "optimizer.safetensors")),
+        load_file(str(whole / "checkpoints" / "step-000006" / "optimizer.safetensors")),
+        load_file(str(resumed / "checkpoints" / "step-000006" / "optimizer.safetensors")),
     )
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
 

@@ -72,10 +72,12 @@ def test_the_wait_is_priced() -> None:
     assert predict_step_s(global_.graph, costs) > predict_step_s(none.graph, costs)
 
 
-def test_streamed_units_update_after_the_norm_before_the_next_forward_needs_them() -> None:
+def test_streamed_units_update_after_the_norm_on_the_copy_lane() -> None:
     """A streamed unit keeps its cache unit through the step; its state comes up through two
-    GPU slots, its GPU AdamW waits for the norm and runs before the unit's next forward,
-    which reads the weights where the update wrote them (no upload, no gradient download)."""
+    GPU slots, its GPU AdamW waits for the norm on the `h2d` lane (the compute lane goes on
+    with the next forward), and the unit's next forward reads the weights where the update
+    wrote them (no upload, no gradient download). Nothing of a step waits for the next one's
+    ops (a save between steps waits for that step alone)."""
     p = _plan(clip="global", speculate=0, resident=2, streamed=5)
     graph, n = p.graph, p.model.num_layers
     streamed = [u for u, where in enumerate(graph.info.placement) if where == "streamed"]
@@ -87,12 +89,15 @@ def test_streamed_units_update_after_the_norm_before_the_next_forward_needs_them
         assert not any(op.kind in (K.D2H_GRAD, K.H2D_PARAM) and op.unit == u and op.step == 2
                        for op in graph.ops)  # fmt: skip
         adam = by_id[f"s1.L{u}.gpu_adam"]
-        assert "s1.norm" in adam.deps
+        assert "s1.norm" in adam.deps and adam.lane == "h2d"
         (grad,) = [v for v in adam.reads if v.name == f"L{u}.g"]
         assert grad.slot.startswith("gpu_units")
         forward = by_id[f"s2.L{u}.fwd"]
         assert adam.id in forward.deps and index[adam.id] < index[forward.id]
         assert any(v.slot == grad.slot for v in forward.reads)
+    first_of_step_2 = min(i for i, op in enumerate(graph.ops) if op.step == 2)
+    assert all(index[a] < first_of_step_2 for op in graph.ops if op.step == 1
+               for a in [op.id])  # fmt: skip
     # after the graph's last step the new weights go down for the next pass's uploads
     last = graph.info.steps
     assert all(f"s{last}.L{u}.w.d2h" in by_id for u in streamed)
