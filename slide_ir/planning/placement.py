@@ -54,6 +54,8 @@ def choose_placement(
         for floor in search.floors():
             search.time(floor)
     search.refine_tapes()
+    if config.deferred_updates:  # the search without streamed units, with its tapes: never beaten
+        search.refine_tapes(unstreamed=True)
     search.refine_tapes(legacy)  # the rule before the search, with its tapes: never beaten
     timed = sorted(search.timed.values(), key=Candidate.rank)
     fitting = tuple(c for c in timed if c.fits)

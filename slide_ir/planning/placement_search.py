@@ -243,12 +243,13 @@ class PlacementSearch:
                 p = replace(p, resident=counts[-1] if most else near)
             self.time(p)
 
-    def refine_tapes(self, start: Placement | None = None) -> None:
+    def refine_tapes(self, start: Placement | None = None, *, unstreamed: bool = False) -> None:
         """Kept tapes for the fastest placement (step 4 of the module docstring), or for `start`
-        at its own resident units."""
+        at its own resident units; `unstreamed`: for the fastest that streams nothing (under
+        global clipping, the search's result without streamed units is never beaten)."""
         if not self.free_tapes or not self.timed:
             return
-        best = start or self.fastest()
+        best = start or self.fastest(unstreamed=unstreamed)
         if not self.fits(best):
             return
         most = last_true(lambda k: self.gpu_fits(self.with_tapes(best, k, 0)), 0,
@@ -259,7 +260,7 @@ class PlacementSearch:
         units = len(resident_preference(self.model)) - best.streamed
         frontier = units if self.free_resident and start is None else best.resident
         argmin_unimodal(lambda k: self.time(self.with_tapes(best, k, frontier)).step_s, 0, most)
-        p = self.fastest()
+        p = self.fastest(unstreamed=unstreamed)
         while p.kept and self.free_resident and p.resident > 0:
             fewer = replace(p, resident=p.resident - 1)
             if not self.faster(fewer, p):
@@ -277,9 +278,11 @@ class PlacementSearch:
         top = last_true(lambda r: self.gpu_fits(replace(p, resident=r)), 0, resident)
         return replace(p, resident=top or 0)
 
-    def fastest(self) -> Placement:
-        """The fastest timed candidate (one that does not fit when none does)."""
-        return min(self.timed.values(), key=Candidate.rank).placement
+    def fastest(self, *, unstreamed: bool = False) -> Placement:
+        """The fastest timed candidate (one that does not fit when none does); `unstreamed`:
+        of those that stream nothing, where there are any."""
+        timed = [c for c in self.timed.values() if not unstreamed or not c.placement.streamed]
+        return min(timed or self.timed.values(), key=Candidate.rank).placement
 
     # -- what fits --------------------------------------------------------------------------
     def resident_counts(self, p: Placement) -> list[int]:
