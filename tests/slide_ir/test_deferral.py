@@ -123,3 +123,21 @@ def test_data_parallel_ranks_do_not_stream_under_global_clipping() -> None:
     with pytest.raises(ValueError, match="streamed=2 with clip 'global' runs on one GPU only"):
         plan(model, machine, config, nproc=2)
     assert plan(model, machine, replace(config, streamed="auto"), nproc=2).config.streamed == 0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"clip": "global", "streamed": 6, "speculate": 0}, {"clip": "global", "speculate": 3},
+     {"clip": "per-unit", "streamed": 4}, {"clip": "global", "grad_accum": 2}],
+    ids=["streamed-global", "speculated", "streamed-per-unit", "accum"],
+)  # fmt: skip
+def test_no_op_of_a_step_comes_after_the_next_steps_first(extra: dict) -> None:
+    """What a save or a stop between two steps relies on (the executor waits for the first
+    step's ops without feeding the next's data): every op of step s is listed, and so runs on
+    its lane, before any op of step s + 1."""
+    graph = _plan(resident=2, **extra).graph
+    first = {}
+    for i, op in enumerate(graph.ops):
+        first.setdefault(op.step, i)
+    for i, op in enumerate(graph.ops):
+        assert op.step + 1 not in first or i < first[op.step + 1], op.id
