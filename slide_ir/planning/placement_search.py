@@ -125,6 +125,8 @@ class PlacementSearch:
         self.free_resident = config.resident == "auto"
         self.free_streamed = config.streamed == "auto" and plain
         self.free_depth = config.cache_units == "auto"
+        # a tied head has no parameters of its own: nothing to stream
+        self.units_with_params = {u for u in resident_preference(model) if unit_params(model, u)}
         self.free_tapes = config.keep_activations == "auto"
         self.free = (
             len(self.acts) > 1
@@ -213,15 +215,14 @@ class PlacementSearch:
 
         def streamed_step(resident: int) -> float:
             p = replace(base, resident=resident)
-            # units with parameters (a tied head has none: nothing to stream)
             most = sum(1 for u in resident_preference(self.model)[resident:]
-                       if unit_params(self.model, u))  # fmt: skip
+                       if u in self.units_with_params)  # fmt: skip
             top = last_true(lambda k: self.gpu_fits(replace(p, streamed=k)), 0, most) or 0
             k = argmin_unimodal(lambda k: self.time(replace(p, streamed=k)).step_s, 0, top)
             return self.time(replace(p, streamed=k)).step_s
 
-        if not self.fits(base):
-            return
+        if not self.fits(base) or base.resident + base.streamed >= len(self.units_with_params):
+            return  # every unit already updates on the GPU: nothing waits for the host
         counts = [r for r in self.resident_counts(base) if r <= base.resident]
         if not self.free_resident:
             counts = [base.resident]
