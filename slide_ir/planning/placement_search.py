@@ -34,8 +34,9 @@ moments and the update's FP32 gradient: 16 B/param with FP32 moments) costs what
 unit (BF16 weights and grads, FP32 master and moments) does, and a resident unit moves nothing
 over the link. Under global clipping a streamed unit holds 4 B/param and its state passes
 through a ring of slots after the norm (`post_norm`): fewer resident units leave room for
-many, hence the paired search of step 2. On the catalog presets the search lands within 1.7% of the best of every
-activation x depth x resident count (tests/slide_ir/test_placement.py checks two of them).
+many, hence the paired search of step 2. On the catalog presets the search lands within 1.7%
+of the best of every activation x depth x resident count (tests/slide_ir/test_placement.py
+checks two of them).
 """
 
 from __future__ import annotations
@@ -226,7 +227,8 @@ class PlacementSearch:
         counts = [r for r in self.resident_counts(base) if r <= base.resident]
         if not self.free_resident:
             counts = [base.resident]
-        argmin_unimodal(lambda i: streamed_step(counts[i]), 0, len(counts) - 1)
+        if counts:
+            argmin_unimodal(lambda i: streamed_step(counts[i]), 0, len(counts) - 1)
 
     def refine_depth(self, best: Placement) -> None:
         """Other depths for the fastest placement, its resident count clipped to what fits
