@@ -32,7 +32,8 @@ K = OpKind
 R = PoolRole
 NORM_FLOOR_BYTES = 64 << 10  # NORM reads a few floats per unit: priced as a small host pass
 
-# (deps, scale) -> the update's op id, None where it waits for the next forward (`post_norm`)
+# (deps, scale) -> the update's op id; None for a streamed unit's, which `post_norm` emits
+# (and records) after the flush
 Update = Callable[[list[str], Value | None], str | None]
 
 

@@ -200,7 +200,7 @@ def _gpu_unit_terms(
 ) -> None:
     """The sliding units' GPU slots (a cache ring for the decoder layers, a slot each for the
     embedding and the head) and the resident units, whole. Under global clipping a streamed
-    layer keeps its cache unit from its backward to its update after the norm: a slot more."""
+    layer keeps its cache unit through every step (`post_norm`): a slot more each."""
     n, p, mb = model.num_layers, model.layer_params, config.moment_bytes
     sliding_layers = [u for u in sliding if 1 <= u <= n]
     held = sum(1 for u in streamed if 1 <= u <= n) if config.deferred_updates else 0
