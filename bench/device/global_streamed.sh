@@ -10,7 +10,10 @@
 source bench/device/h200_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 B16="--batch,16,--seq,1024"
-if [ "${PART:-1}" = 6 ]; then  # part 5's first two, the shorter first (a short device budget)
+if [ "${PART:-1}" = 7 ]; then  # the landed version: issue 32's pair at 8B, the 24 GB case, 3B defaults
+  TREES=after STEPS=12 ROUNDS=1 CASES="8b-defaults:--model,llama-3.1-8b,$B16;8b-per-unit:--model,llama-3.1-8b,$B16,--clip,per-unit;3b-24g-global:--model,llama-3.2-3b,$B16,--gpu-memory-gb,24;3b-defaults:--model,llama-3.2-3b,$B16" \
+    bash bench/device/h200_before_after.sh
+elif [ "${PART:-1}" = 6 ]; then  # part 5's first two, the shorter first (a short device budget)
   TREES=after STEPS=12 ROUNDS=1 CASES="3b-24g-global:--model,llama-3.2-3b,$B16,--gpu-memory-gb,24;8b-defaults:--model,llama-3.1-8b,$B16" \
     bash bench/device/h200_before_after.sh
 elif [ "${PART:-1}" = 5 ]; then  # the updates after the norm on the h2d lane (no cross-step ops)
