@@ -179,7 +179,8 @@ class PlacementSearch:
             if best is not None:
                 self.time(self.with_estimated_streams(best))
         if self.free_streamed and self.config.deferred_updates and not self.config.speculated:
-            self.resident_and_streamed(replace(self.fastest(), kept=0))
+            for acts in self.acts:  # the inputs' home too: the states' downloads delay saves
+                self.resident_and_streamed(replace(self.fastest(acts=acts), kept=0))
         fastest = self.fastest()
         if self.free_depth and fastest.cache_units == self.config.cache_depth:
             self.refine_depth(fastest)
@@ -281,10 +282,13 @@ class PlacementSearch:
         top = last_true(lambda r: self.gpu_fits(replace(p, resident=r)), 0, resident)
         return replace(p, resident=top or 0)
 
-    def fastest(self, *, unstreamed: bool = False) -> Placement:
+    def fastest(self, *, unstreamed: bool = False, acts: str | None = None) -> Placement:
         """The fastest timed candidate (one that does not fit when none does); `unstreamed`:
-        of those that stream nothing, where there are any."""
-        timed = [c for c in self.timed.values() if not unstreamed or not c.placement.streamed]
+        of those that stream nothing, `acts`: of those with the inputs there, where there are
+        any."""
+        timed = [c for c in self.timed.values()
+                 if not (unstreamed and c.placement.streamed)
+                 and acts in (None, c.placement.activations)]  # fmt: skip
         return min(timed or self.timed.values(), key=Candidate.rank).placement
 
     # -- what fits --------------------------------------------------------------------------

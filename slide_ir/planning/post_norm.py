@@ -58,9 +58,16 @@ class PostNormUpdates:
         self.queue.append(unit)
 
     def run(self) -> None:
-        """The step's waiting updates, in unit order (the next forward's)."""
+        """The step's waiting updates, in unit order (the next forward's). A state goes up
+        just before its update in the lane's order: an upload waits for a slot to come free
+        (the state two units back going down), and an update queued behind it would wait
+        too, though its own state is already up: uploads and downloads then alternate on
+        the link instead of running both ways at once."""
+        self.queue.sort()
         self._send()
         for unit in sorted(self.waiting):
+            if unit not in self.up:
+                self._send(1)
             self._update(unit)
 
     def finish(self) -> None:
@@ -81,9 +88,10 @@ class PostNormUpdates:
     def _pool(self, unit: int) -> str:
         return f"gpu_opt_{unit_group(self.ctx, unit)}"
 
-    def _send(self) -> None:
-        """Upload waiting states in turn while their pool has a slot free."""
-        while self.queue:
+    def _send(self, most: int | None = None) -> None:
+        """Upload waiting states in turn (`most` of them, or all) while their pool has a
+        slot free."""
+        while self.queue and most != 0:
             pool = self._pool(self.queue[0])
             if sum(self._pool(u) == pool for u in self.up) == self.slots[pool]:
                 return
@@ -93,6 +101,7 @@ class PostNormUpdates:
                             state_bytes(self.ctx, unit), self.ctx.state_ready.get(unit), pool,
                             host_state(self.ctx, unit), "state")  # fmt: skip
             self.up[unit] = (op_id, slot)
+            most = None if most is None else most - 1
 
     def _update(self, unit: int) -> None:
         ctx, wait = self.ctx, self.waiting.pop(unit)
@@ -110,4 +119,3 @@ class PostNormUpdates:
                    work=Work(bytes=state_bytes(ctx, unit)), deps=[adam], release=[state_slot],
                    reads=[state], writes=host_state(ctx, unit))  # fmt: skip
         ctx.state_ready[unit] = state_down
-        self._send()
