@@ -37,7 +37,7 @@ def suggest_fixes(
     if "cpu" in over:
         trial = machine if machine.nvme else with_drives(machine, 1)
         extra = "" if machine.nvme else " --nvme 1"
-        if (config.holds_landed_grads and config.can_spill_grads
+        if (config.holds_landed_grads and config.may_spill_grads
                 and _fits(model, machine, replace(config, held_grads="nvme"), "cpu")):  # fmt: skip
             out.append("hold global clipping's gradients on the optimizer's drives until the "
                        "norm (--held-grads nvme)")  # fmt: skip

@@ -95,7 +95,7 @@ def smallest_ledger(model: ModelSpec, machine: Machine, config: TrainConfig) -> 
 
 def _smallest_held(machine: Machine, config: TrainConfig) -> TrainConfig:
     """An unresolved `held_grads` at its smaller footprint: on a drive, where there is one."""
-    if config.held_grads == "auto" and config.can_spill_grads and machine.nvme:
+    if config.held_grads == "auto" and config.may_spill_grads and machine.nvme:
         return replace(config, held_grads="nvme")
     return config
 

@@ -66,7 +66,7 @@ def plan(model: ModelSpec, machine: Machine, config: TrainConfig, *, nproc: int 
     GPU's and may not fit one (the sharded one must)."""
     if (
         config.held_grads == "auto"
-        and config.can_spill_grads
+        and config.may_spill_grads
         and (config.optimizer != "cpu" or machine.nvme)
     ):
         return _held_grads(model, machine, config, nproc)

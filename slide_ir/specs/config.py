@@ -225,6 +225,11 @@ class TrainConfig:
     def check_held_grads(self) -> None:
         """A request's `held_grads="nvme"` is one its clipping and optimizer allow (configs
         derived from it, the baselines', fall back to RAM instead)."""
+        if self.held_grads == HeldGrads.NVME and self.speculate not in ("auto", 0):
+            raise ValueError(
+                f"held_grads='nvme' with speculate={self.speculate}: a speculated update keeps its "
+                "gradient in RAM until the norm; use speculate 0 or 'auto', or held_grads 'ram'"
+            )
         if self.held_grads == HeldGrads.NVME and not self.can_spill_grads:
             raise ValueError(
                 "held_grads='nvme' keeps global clipping's gradients on NVMe until the norm: it "
@@ -232,17 +237,18 @@ class TrainConfig:
                 f"'{self.clip}', schedule '{self.schedule}', grad_accum {self.grad_accum}); use "
                 "'ram' or 'auto'"
             )
-        if self.held_grads == HeldGrads.NVME and self.speculate not in ("auto", 0):
-            raise ValueError(
-                f"held_grads='nvme' with speculate={self.speculate}: a speculated update keeps its "
-                "gradient in RAM until the norm; use speculate 0 or 'auto', or held_grads 'ram'"
-            )
 
     @property
     def can_spill_grads(self) -> bool:
         """Global clipping's held gradients could wait on NVMe (one micro-batch: an accumulated
         gradient is summed in RAM)."""
         return self.deferred_updates and self.grad_accum == 1 and self.schedule == Schedule.SLIDING
+
+    @property
+    def may_spill_grads(self) -> bool:
+        """The held gradients may go to NVMe where `held_grads` is chosen for the run: a
+        speculation count asked for keeps them in RAM, where a speculated update's waits."""
+        return self.can_spill_grads and self.speculate in ("auto", 0)
 
     @property
     def holds_landed_grads(self) -> bool:

@@ -15,6 +15,7 @@ from slide_ir import TrainConfig, load_machine
 from slide_ir.ir.drives import grad_drive
 from slide_ir.ir.graph import OpKind, PoolRole
 from slide_ir.planning.ledger import build_ledger
+from slide_ir.planning.planner import plan
 from slide_ir.planning.units import unit_params
 
 CASES = {
@@ -85,3 +86,13 @@ def test_held_on_nvme_refuses_speculated_updates() -> None:
     with pytest.raises(ValueError, match="speculate=2: a speculated update keeps its gradient"):
         config.check_held_grads()
     assert TrainConfig(batch=2, seq=16, clip="global", held_grads="nvme").speculated == 0
+
+
+def test_a_speculation_count_asked_for_keeps_the_auto_gradients_in_ram() -> None:
+    """`held_grads="auto"` on a machine with a drive, `speculate=2`: the plan speculates, its
+    gradients in RAM (the drive's plan, which dropped the count, was chosen before)."""
+    spec = spec_of(tiny_config("llama", num_hidden_layers=6))
+    machine = load_machine("paper-pc-4090")
+    asked = plan(spec, machine, TrainConfig(batch=2, seq=16, clip="global", speculate=2))
+    assert not asked.config.spills_grads
+    assert asked.config.speculated > 0  # (fewer than 2 where fewer units update on the host)
