@@ -225,8 +225,7 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
     if led.feasible:
         lines.append("verdict: fits")
     else:
-        over = ", ".join(f"{t} by {b / GIB:.1f} GiB" for t, b in led.overflows())
-        lines.append(f"verdict: does not fit ({over}). What would make it fit:")
+        lines.append(f"verdict: does not fit ({overflow_text(led)}). What would make it fit:")
         lines += [f"  - {s}" for s in advice(p)]
     others = "; ".join(
         f"{name} GPU {b['gpu'] / GIB:.1f} GiB, host {b['cpu'] / GIB:.1f} GiB"
@@ -236,3 +235,8 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
     per_lane = ", ".join(f"{lane} {k}" for lane, k in p.graph.ops_per_lane().items())
     lines.append(f"graph: {len(p.graph.ops)} ops over {c.steps} steps ({per_lane})")
     return "\n".join(lines)
+
+
+def overflow_text(led: Ledger) -> str:
+    """The tiers a ledger overflows and by how much, as the plan's verdict says them."""
+    return ", ".join(f"{t} by {b / GIB:.1f} GiB" for t, b in led.overflows())

@@ -13,6 +13,7 @@ from simulator.run import simulate_plan
 from slide import json_out
 from slide.commands.simulate import render_result
 from slide.fileio import write_atomic
+from slide.report import overflow_text
 from slide_ir.ir.trace import to_chrome_trace
 from slide_ir.planning.planner import plan_to_json
 from slide_ir.specs.config import TrainConfig
@@ -31,10 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    config = TrainConfig(batch=args.batch, seq=1024, steps=3)
+    # train's defaults (global clipping), so that the demo says what `slide simulate` says
+    config = TrainConfig(batch=args.batch, seq=1024, steps=3, clip="global")
     result = simulate_plan(MODEL, MACHINE, config)
     if result.trace is None:
-        raise ValueError(f"the demo plan does not fit: {result.plan.ledger.overflows()}")
+        raise ValueError(
+            f"the demo plan at batch {args.batch} does not fit {MACHINE} "
+            f"({overflow_text(result.plan.ledger)}): try a smaller --batch"
+        )
     write_atomic(out / "plan.json", plan_to_json(result.plan))
     write_atomic(out / "trace.json", json_out.dumps(to_chrome_trace(result.trace)))
     from slide.gantt import plot_gantt
