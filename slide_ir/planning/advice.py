@@ -50,15 +50,42 @@ def suggest_fixes(
             if getattr(config, field) != "nvme":
                 moved = replace(config, **{field: "nvme"})  # type: ignore[arg-type]
                 if _fits(model, trial, moved, "cpu"):
-                    out.append(f"move {field} state to NVMe (--{field} nvme{extra})")
+                    out.append(f"move {field} state to NVMe (--{field} nvme"
+                               f"{_drives_flag(model, trial, moved, extra)})")  # fmt: skip
         # the RAM whose usable share holds the peak, in GiB as --ram-gb takes it
         ram = math.ceil(ledger.peak_bytes("cpu") / (1.0 - config.host_margin) / GIB)
         out.append(f"more host RAM: at least {ram} GiB (--ram-gb {ram})")
     if "nvme" in over:
-        out.append(
-            f"more NVMe capacity: {ledger.peak_bytes('nvme') / GIB:.0f} GiB needed (--nvme N)"
-        )
+        need = ledger.peak_bytes("nvme") / GIB
+        drives = _drives_needed(model, machine, config)
+        how = f"--nvme {drives}" if drives else f"more than {MAX_DRIVES} drives of this model"
+        out.append(f"more NVMe capacity: {need:.0f} GiB needed ({how})")
     return out
+
+
+# the most drives a suggestion names (a server's NVMe bays)
+MAX_DRIVES = 16
+
+
+def _drives_needed(model: ModelSpec, machine: Machine, config: TrainConfig) -> int | None:
+    """The fewest drives of the machine's model on which the NVMe tier fits (the files are
+    striped over them), up to `MAX_DRIVES`."""
+    for n in range(max(len(machine.nvme), 1), MAX_DRIVES + 1):
+        if _fits(model, with_drives(machine, n), config, "nvme"):
+            return n
+    return None
+
+
+def _drives_flag(model: ModelSpec, machine: Machine, config: TrainConfig, extra: str) -> str:
+    """The drive count a move to NVMe needs beside its flag: `extra` where the drives it is
+    judged on hold it, else the count that does, else the capacity it needs."""
+    if _fits(model, machine, config, "nvme"):
+        return extra
+    drives = _drives_needed(model, machine, config)
+    if drives:
+        return f" --nvme {drives}"
+    need = build_ledger(model, machine, config).peak_bytes("nvme") / GIB
+    return f", and {need:.0f} GiB of NVMe: more than {MAX_DRIVES} drives of this model"
 
 
 def _fits(model: ModelSpec, machine: Machine, config: TrainConfig, tier: str) -> bool:

@@ -225,6 +225,19 @@ def test_72b_on_the_4090_pc_gets_a_gpu_suggestion_that_fits(capsys):
     assert json.loads(out)["overflows"].keys() == {"cpu"}  # the GPU now fits; the RAM never did
 
 
+@pytest.mark.parametrize("extra", [(), ("--optimizer", "nvme")])
+def test_the_nvme_advice_names_drives_that_hold_it(capsys, extra):
+    """70B on the H200 box (one 64 GiB drive): the move to NVMe, and more NVMe, name the drive
+    count that holds the files, and the plan with those flags fits."""
+    argv = ("plan", "--model", "llama-3.1-70b", "--machine", "h200-16c-128g", *extra)
+    code, out, _ = run(capsys, *argv)
+    assert code == 1
+    line = next(x for x in out.splitlines() if "--nvme " in x)
+    flags = re.search(r"\(((?:--\S+ \S+ ?)+)\)$", line).group(1).split()
+    code, out, _ = run(capsys, *argv, *flags, "--json")
+    assert code == 0 and not json.loads(out)["overflows"]
+
+
 def test_a_ram_overflow_of_global_clipping_is_told_per_unit_clipping_fits(capsys):
     """70B with its optimizer on NVMe on the 4090 PC with 170 GiB: under global clipping with
     every gradient waiting in RAM for the norm (141 GB of them), the advice names the clipping,
