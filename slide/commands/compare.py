@@ -56,7 +56,7 @@ def render(rows: list[dict[str, Any]]) -> str:
             )
             lines.append(f"{r['rank']:>4d} {r['machine']:24s} does not fit ({over})")
             continue
-        eta = "inf" if r["eta"] is None else f"{r['eta']:.2f}"
+        eta = "n/a" if r["eta"] is None else f"{r['eta']:.2f}"  # no layer updates on the host
         price = f"{r['price_usd']:,.0f}" if r["price_usd"] else "-"
         per = f"{1000 * r['tokens_per_s_per_usd']:.2f}" if r["tokens_per_s_per_usd"] else "-"
         lines.append(

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     preflight.output_file("--save-trace", args.save_trace)
     preflight.image_file("--gantt", args.gantt)
     model, machine = load_inputs(args)
-    zoom = _zoom(args.gantt_zoom)
+    zoom = _zoom(args.gantt_zoom, args.steps)
     result: SimResult | DataParallelResult
     if args.nproc != 1:
         result = simulate_data_parallel(model, machine, train_config(args), args.nproc)
@@ -75,15 +75,19 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.feasible else 1
 
 
-def _zoom(text: str) -> str | int:
+def _zoom(text: str, steps: int) -> str | int:
+    """`--gantt-zoom` checked before the simulation runs."""
     if text in ("all", "auto"):
         return text
+    bad = ValueError(f"--gantt-zoom must be 'all', 'auto' or a step number 1 to {steps} "
+                     f"(--steps {steps}), got {text!r}")  # fmt: skip
     try:
-        return int(text)
+        step = int(text)
     except ValueError:
-        raise ValueError(
-            f"--gantt-zoom must be 'all', 'auto' or a step number, got {text!r}"
-        ) from None
+        raise bad from None
+    if not 1 <= step <= steps:
+        raise bad
+    return step
 
 
 def _write_outputs(
@@ -102,7 +106,7 @@ def _write_outputs(
 
 def render_result(result: SimResult) -> str:
     s = result.summary()
-    eta = "n/a (nothing offloaded)" if s["eta"] is None else f"{s['eta']:.2f}"
+    eta = "n/a (no decoder layer updates on the host)" if s["eta"] is None else f"{s['eta']:.2f}"
     util = ", ".join(f"{lane} {u:.0%}" for lane, u in s["lane_util"].items())
     path = ", ".join(f"{lane} {t:.3g} s" for lane, t in s["critical_path_s"].items())
     # the ledger's figure (every slot reserved before the first op, as the executor does) is the

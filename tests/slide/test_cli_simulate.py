@@ -82,6 +82,7 @@ def test_infeasible_is_reported_not_simulated(capsys):
         (("simulate", "--model", "nope-7b"), "unknown model 'nope-7b'"),
         (("simulate", "--batch", "0"), "batch must be a positive integer"),
         (("simulate", "--gantt-zoom", "x"), "--gantt-zoom must be"),
+        (("simulate", "--gantt-zoom", "4"), "a step number 1 to 3 (--steps 3), got '4'"),
         (("sweep", "--batch", "1,x"), "--batch must be a comma list of integers"),
         (("sweep", "--schedules", "fast"), "--schedules: each must be one of"),
         (("compare", "--model", "qwen2.5-3b"), "give at least one --machine"),
