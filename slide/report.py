@@ -190,11 +190,12 @@ def speculation_lines(p: Plan) -> list[str]:
 def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
     """The plan as `slide plan` prints it; `nvme_dirs` (its --nvme-dir) names the drive files."""
     c, m, led = p.config, p.model, p.ledger
+    optimizer = "gpu" if c.schedule == "gpu-only" else c.optimizer  # (--optimizer: the host's)
     lines = [
         f"{m.name} ({m.total_params / 1e9:.2f} B params, {m.num_layers} layers) on {p.machine.name}",
         f"schedule {c.schedule}: batch {c.batch} x seq {c.seq} x accum {c.grad_accum} "
         f"= {c.tokens_per_step:,} tokens/step; activations on {c.activations}, "
-        f"optimizer on {c.optimizer}"
+        f"optimizer on {optimizer}"
         + (f", resident units {len(led.resident)}" if led.resident else "")
         + (f", streamed updates {len(led.streamed)}" if led.streamed else "")
         + (f", kept tapes {c.kept_tapes}" if c.kept_tapes else "")

@@ -449,3 +449,10 @@ def test_under_global_clipping_the_plan_says_what_its_candidates_were_timed_with
     assert "every update waiting for the norm" in told[cases[1]][0]
     assert "the first 3 host updates speculating" in told[cases[2]][0]
     assert told[cases[3]] == []
+
+
+@pytest.mark.parametrize(("schedule", "home"), [("gpu-only", "gpu"), ("zero-offload", "cpu")])
+def test_the_header_says_where_the_optimizer_state_is(capsys, schedule, home):
+    code, out, _ = run(capsys, "plan", "--model", "llama-3.2-1b", "--machine", "h200-16c-128g",
+                       "--schedule", schedule)  # fmt: skip
+    assert code == 0 and f"optimizer on {home}" in out.splitlines()[1]
