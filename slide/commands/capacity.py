@@ -117,11 +117,10 @@ def render(out: dict[str, Any]) -> str:
         )
         for name, f in r["families"].items():
             member = f["largest_member"] or "none"
-            lines.append(
-                f"  {name:14s} largest member {member:16s} depth-scaled "
-                f"{f['scaled_from']} to {f['scaled_layers']} layers: "
-                f"{f['scaled_params'] / 1e9:.1f} B params"
-            )
+            scaled = (f"depth-scaled {f['scaled_from']} to {f['scaled_layers']} layers: "
+                      f"{f['scaled_params'] / 1e9:.1f} B params" if f["scaled_from"]
+                      else "no depth fits")  # fmt: skip
+            lines.append(f"  {name:14s} largest member {member:16s} {scaled}")
     return "\n".join(lines)
 
 

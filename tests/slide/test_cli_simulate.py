@@ -161,6 +161,12 @@ def test_capacity_json(capsys):
         assert fam["scaled_params"] >= fam["largest_member_params"]
 
 
+def test_capacity_where_nothing_fits_says_so(capsys):
+    code, out, _ = run(capsys, "capacity", "--machine", "paper-pc-4090", "--ram-gb", "1")
+    assert code == 0 and "None" not in out
+    assert "  llama-3.1      largest member none             no depth fits" in out
+
+
 def test_capacity_grows_with_ram(capsys):
     sizes = []
     for ram in ("64", "512"):
