@@ -182,8 +182,11 @@ def test_plan_writes_a_reloadable_plan(tmp_path, capsys):
         (["--cache-units", "deep"], "cache_units must be a count >= 2 or 'auto', got 'deep'"),
         (["--gpu-memory-gb", "0"], "gpu_memory_gb must be a number of GiB > 0"),
         (["--gpu-memory-gb", "-3"], "gpu_memory_gb must be a number of GiB > 0"),
-        (["--gpu-memory-gb", "100"], "--gpu-memory-gb 100 is more than paper-pc-4090's GPU has "
-                                     "(24.0 GiB): give at most 24.0"),
+        (
+            ["--gpu-memory-gb", "100"],
+            "--gpu-memory-gb 100 is more than paper-pc-4090's GPU has "
+            "(24.0 GiB): give at most 24.0",
+        ),
         (["--optimizer", "nvme", "--nvme", "0"], "need at least one NVMe drive"),
     ],
 )
