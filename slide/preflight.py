@@ -89,6 +89,12 @@ def schedule_options(config: TrainConfig) -> None:
                 f"{'them' if len(given) > 1 else 'it'}, or use "
                 "--schedule sliding"
             )
+    if config.clip != "global" and config.speculate not in ("auto", 0):
+        raise UserError(
+            f"--speculate {config.speculate}: only global clipping's updates speculate (they "
+            f"wait for the step's norm); --clip {config.clip} updates each unit as its gradient "
+            "lands: drop --speculate, or use --clip global"
+        )
     if config.schedule == "gpu-only" and config.optimizer != "cpu":
         raise UserError(
             f"--optimizer {config.optimizer}: --schedule gpu-only keeps the optimizer state on "

@@ -188,6 +188,7 @@ def test_plan_writes_a_reloadable_plan(tmp_path, capsys):
             "(24.0 GiB): give at most 24.0",
         ),
         (["--optimizer", "nvme", "--nvme", "0"], "need at least one NVMe drive"),
+        (["--clip", "none", "--speculate", "3"], "--speculate 3: only global clipping's updates"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(capsys, argv, needle):
