@@ -29,12 +29,12 @@ from slide.commands.common import (
 )
 from slide_ir.specs.config import SCHEDULES, TrainConfig
 from slide_ir.specs.hardware import Machine, load_machine
+from slide_ir.specs.hardware_parts import GIB
 from slide_ir.specs.model import ModelSpec
 from slide_ir.specs.model_catalog import load_model
 
 NAME = "sweep"
 HELP = "simulate a grid of batches / models / NVMe drives / schedules: a table, a plot on request"
-GB = 1e9
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,27 +160,32 @@ COLUMNS = (
     "eta",
     "gpu_util",
     "bottleneck",
-    "gpu_gb",
-    "cpu_gb",
+    "gpu_gib",
+    "cpu_gib",
 )
+# each float column's format: GiB as `slide plan` prints memory; tokens/s with no decimals
+# that could read as a thousands separator
+FORMATS = {"step_time_s": ".3f", "eta": ".2f", "gpu_util": ".0%", "gpu_gib": ".2f",
+           "cpu_gib": ".2f"}  # fmt: skip
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
     lines = [" ".join(f"{c:>14s}" for c in COLUMNS)]
     for r in rows:
-        cells = {**r, "gpu_gb": r["ledger"]["gpu"] / GB, "cpu_gb": r["ledger"]["cpu"] / GB}
+        cells = {**r, "gpu_gib": r["ledger"]["gpu"] / GIB, "cpu_gib": r["ledger"]["cpu"] / GIB}
         if not r["feasible"]:
-            over = ", ".join(f"{o['tier']} +{o['bytes_over'] / GB:.1f} GB" for o in r["overflows"])
-            lead = " ".join(_cell(cells.get(c)) for c in COLUMNS[:4])
+            over = ", ".join(f"{o['tier']} +{o['bytes_over'] / GIB:.1f} GiB"
+                             for o in r["overflows"])  # fmt: skip
+            lead = " ".join(_cell(c, cells.get(c)) for c in COLUMNS[:4])
             lines.append(f"{lead} {'does not fit: ' + over:>14s}")
             continue
-        lines.append(" ".join(_cell(cells.get(c)) for c in COLUMNS))
+        lines.append(" ".join(_cell(c, cells.get(c)) for c in COLUMNS))
     return "\n".join(lines)
 
 
-def _cell(v: object) -> str:
+def _cell(column: str, v: object) -> str:
     if v is None:
         return f"{'-':>14s}"
     if isinstance(v, float):
-        return f"{v:>14.3f}" if v < 100 else f"{v:>14,.0f}"
+        return f"{v:>14{FORMATS.get(column, ',.0f')}}"
     return f"{v!s:>14s}"

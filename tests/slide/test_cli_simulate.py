@@ -1,6 +1,7 @@
 """`slide simulate`, `sweep`, `critical-batch`, `capacity`, `compare` through `main([...])`."""
 
 import json
+import re
 
 import pytest
 
@@ -112,6 +113,11 @@ def test_sweep_table_and_plot(capsys, tmp_path):
     assert code == 0
     lines = out.splitlines()
     assert "tokens_per_s" in lines[0] and len([x for x in lines if "qwen2.5-3b" in x]) == 4
+    assert lines[0].split()[-2:] == ["gpu_gib", "cpu_gib"]  # as `slide plan` counts memory
+    fits = [x for x in lines if "qwen2.5-3b" in x and "does not fit" not in x]
+    assert fits
+    for row in fits:  # tokens/s: no decimals to read as a thousands separator
+        assert re.fullmatch(r"[\d,]+", row.split()[5]), row
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
