@@ -63,28 +63,34 @@ def run(args: argparse.Namespace) -> int:
         "ignore_memory": found.ignore_memory,
         "points": points,
     }
+    # no batch fits: a result like an infeasible plan's (exit 1), not a user error
+    code = 0 if found.max_feasible_batch or found.ignore_memory else 1
     if args.json:
         print(json_out.dumps(out, indent=2))
-        return 0
+        return code
     print(f"{model.name} on {machine.name}, seq {args.seq} ({args.schedule}, placement "
           f"{args.placement}{PLACEMENT_NOTE.get(args.placement, '')})")  # fmt: skip
     print(f"critical batch (eta >= 1):              {_fmt(found.critical_batch, found)}")
     print(f"critical batch (GPU backward >= 97%):   {_fmt(found.critical_batch_util97, found)}")
-    print(f"largest batch that fits:                {found.max_feasible_batch}")
+    print(f"largest batch that fits:                {found.max_feasible_batch or 'none'}"
+          + ("" if code == 0 else f" (not even batch 1: slide plan --model {model.name} "
+             f"--machine {machine.name} --batch 1 says what overflows)"))  # fmt: skip
     print("batches evaluated:")
     for p in points:
         if not p["feasible"]:
             print(f"  batch {p['batch']:4d}  does not fit")
             continue
-        eta = "inf" if p["eta"] is None else f"{p['eta']:.3f}"
+        eta = "n/a" if p["eta"] is None else f"{p['eta']:.3f}"
         print(
             f"  batch {p['batch']:4d}  eta {eta:>5s}  GPU in backward {p['gpu_bwd_util']:.1%}"
             f"  {p['tokens_per_s']:,.0f} tokens/s"
         )
-    return 0
+    return code
 
 
 def _fmt(batch: int | None, found: CriticalBatch) -> str:
     if batch is not None:
         return str(batch)
+    if not found.max_feasible_batch and not found.ignore_memory:
+        return "none: no batch fits"
     return f"not reached up to the largest batch that fits ({found.max_feasible_batch})"

@@ -155,6 +155,13 @@ def test_critical_batch_json(capsys):
     assert doc["critical_batch_util97"] is not None
 
 
+def test_critical_batch_where_no_batch_fits_exits_1_and_says_so(capsys):
+    code, out, _ = run(capsys, "critical-batch", "--model", "llama-3.1-405b", "--steps", "2")
+    assert code == 1
+    assert "critical batch (eta >= 1):              none: no batch fits" in out
+    assert "largest batch that fits:                none (not even batch 1" in out
+
+
 def test_capacity_json(capsys):
     code, out, _ = run(capsys, "capacity", "--machine", "paper-pc-4090", "--json")
     assert code == 0
