@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         out = _plan(spec, lay, cluster)
     print(json_out.dumps(out, indent=2) if args.json else render(out))
-    return 0
+    # as `slide plan`: a layout that does not fit (or a search where none does) is exit 1
+    return 0 if out.get("fits", True) and out.get("search", True) else 1
 
 
 def _plan(spec: ModelSpec, lay: Layout, cluster: Cluster) -> dict[str, Any]:
