@@ -6,6 +6,8 @@ of the node together). The single-GPU report (`slide.report`) is unchanged and u
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from simulator.data_parallel import DataParallelResult
@@ -70,7 +72,8 @@ def render_dp_plan(dp: DataParallelPlan) -> str:
         lines.append("verdict: fits")
     else:
         over = ", ".join(f"{t} by {b / GIB:.1f} GiB" for t, b in dp.overflows())
-        lines.append(f"verdict: does not fit ({over})")
+        lines.append(f"verdict: does not fit ({over}). What would make it fit:")
+        lines += [f"  - {s}" for s in _dp_fixes(dp)]
     messages = _collective_bytes(dp)
     rs, ag = messages.get(OpKind.REDUCE_SCATTER, 0), messages.get(OpKind.ALL_GATHER, 0)
     lines.append(
@@ -80,6 +83,22 @@ def render_dp_plan(dp: DataParallelPlan) -> str:
     per_lane = ", ".join(f"{lane} {k}" for lane, k in dp.graph.ops_per_lane().items())
     lines.append(f"graph (rank 0): {len(dp.graph.ops)} ops over {c.steps} steps ({per_lane})")
     return "\n".join(lines)
+
+
+def _dp_fixes(dp: DataParallelPlan) -> list[str]:
+    """Each overflowing tier's size that holds the run (the host's for all ranks together)."""
+    margin = dp.base.config.host_margin
+    out = []
+    for tier, over in dp.overflows():
+        need = (dp.capacity_bytes(tier) + over) / GIB
+        if tier == "gpu":
+            out.append(f"GPUs with at least {need:.1f} GiB each, or a smaller --batch")
+        elif tier == "cpu":
+            ram = math.ceil(need / (1.0 - margin))
+            out.append(f"more host RAM for the {dp.nproc} ranks: at least {ram} GiB (--ram-gb {ram})")
+        else:
+            out.append(f"more NVMe capacity: {need:.0f} GiB for the {dp.nproc} ranks")
+    return out
 
 
 def _interconnect(dp: DataParallelPlan) -> str:

@@ -75,3 +75,15 @@ def test_the_readme_example_says_the_link_its_plan_uses(capsys):
     link = next(line for line in out.splitlines() if line.startswith("interconnect"))
     assert code == 0 and link.startswith("interconnect NVLink, 370 GB/s")
     assert "NVLink (370 GB/s" in comment and "PCIe 5.0 for the host link" in comment
+
+
+def test_a_host_overflow_names_the_ram_that_holds_every_rank(capsys):
+    """8B at a small RAM on two ranks: the advice's --ram-gb makes the same run fit."""
+    argv = ("plan", "--model", "llama-3.1-8b", "--machine", "h200-16c-128g", "--placement",
+            "small", "--clip", "none", "--nproc", "2", "--ram-gb", "64")  # fmt: skip
+    code, out, _ = run(capsys, *argv)
+    assert code == 1 and "verdict: does not fit (cpu by" in out
+    line = next(x for x in out.splitlines() if "more host RAM for the 2 ranks" in x)
+    ram = line.rsplit("--ram-gb ", 1)[1].rstrip(")")
+    code, out, _ = run(capsys, *argv[:-1], ram)
+    assert code == 0 and "verdict: fits" in out
