@@ -7,7 +7,6 @@ of the node together). The single-GPU report (`slide.report`) is unchanged and u
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 from simulator.data_parallel import DataParallelResult
@@ -95,7 +94,9 @@ def _dp_fixes(dp: DataParallelPlan) -> list[str]:
             out.append(f"GPUs with at least {need:.1f} GiB each, or a smaller --batch")
         elif tier == "cpu":
             ram = math.ceil(need / (1.0 - margin))
-            out.append(f"more host RAM for the {dp.nproc} ranks: at least {ram} GiB (--ram-gb {ram})")
+            out.append(
+                f"more host RAM for the {dp.nproc} ranks: at least {ram} GiB (--ram-gb {ram})"
+            )
         else:
             out.append(f"more NVMe capacity: {need:.0f} GiB for the {dp.nproc} ranks")
     return out
