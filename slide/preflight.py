@@ -21,7 +21,8 @@ from slide import tensorboard_scalars
 from slide.checkpoints import RunDir
 from slide.errors import UserError
 from slide_ir.specs.config import TrainConfig
-from slide_ir.specs.hardware import ram_bytes
+from slide_ir.specs.hardware import Machine, ram_bytes
+from slide_ir.specs.hardware_parts import GIB
 
 
 def output_file(flag: str, path: str | None, suffixes: Iterable[str] = ()) -> None:
@@ -73,6 +74,16 @@ def step_range(text: str) -> tuple[int, int]:
     if not 1 <= first <= last:
         raise UserError(f"--trace-steps must be A:B with 1 <= A <= B, got {text!r}")
     return first, last
+
+
+def gpu_memory(asked: float | None, machine: Machine) -> None:
+    """`--gpu-memory-gb` is a cap: above the GPU's own memory it would be silently ignored."""
+    own = machine.gpu.memory_bytes / GIB
+    if asked is not None and asked > own + 1e-9:
+        raise UserError(
+            f"--gpu-memory-gb {asked:g} is more than {machine.name}'s GPU has ({own:.1f} GiB): "
+            f"give at most {own:.1f}, or leave it out to plan for all of it"
+        )
 
 
 def schedule_options(config: TrainConfig) -> None:

@@ -16,6 +16,7 @@ from executor import host_adam
 from executor.adam import AdamWConfig
 from executor.phases import Phases
 from executor.run import InfeasiblePlanError
+from slide import preflight
 from slide.calibration.auto_machine import refit_key
 from slide.errors import UserError
 from slide.eval_data import EvalSet
@@ -63,6 +64,7 @@ def prepare(req: TrainRequest, phases: Phases, nproc: int) -> Prepared:
         per_gpu = req.config.batch // nproc if nproc >= 1 else req.config.batch  # checked later
         shape = refit_key(spec.name, per_gpu, req.config.seq)
         machine = saved.machine if saved else resolve_machine(req, device, shape)
+        preflight.gpu_memory(req.config.gpu_memory_gb, machine)
     # a saved plan fixes the configuration but for the steps (the request's are the plan's
     # unless --steps said otherwise: `slide.commands.train_inputs`)
     req = replace(

@@ -22,7 +22,6 @@ from slide_ir.specs.config import (
     parse_count_or_auto,
 )
 from slide_ir.specs.hardware import Machine, load_machine
-from slide_ir.specs.hardware_parts import GIB
 from slide_ir.specs.model import ModelSpec
 from slide_ir.specs.model_catalog import load_model
 
@@ -203,19 +202,8 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Machine]:
         machine = load_machine(args.machine, ram_gb=args.ram_gb, nvme=drive_count(args))
     else:
         machine = this_host(args)
-    _check_gpu_memory(args, machine)
+    preflight.gpu_memory(getattr(args, "gpu_memory_gb", None), machine)
     return load_model(args.model), machine
-
-
-def _check_gpu_memory(args: argparse.Namespace, machine: Machine) -> None:
-    """`--gpu-memory-gb` is a cap: above the GPU's own memory it would be silently ignored."""
-    asked = getattr(args, "gpu_memory_gb", None)
-    own = machine.gpu.memory_bytes / GIB
-    if asked is not None and asked > own + 1e-9:
-        raise UserError(
-            f"--gpu-memory-gb {asked:g} is more than {machine.name}'s GPU has ({own:.1f} GiB): "
-            f"give at most {own:.1f}, or leave it out to plan for all of it"
-        )
 
 
 def this_host(args: argparse.Namespace) -> Machine:

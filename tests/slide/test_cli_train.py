@@ -98,6 +98,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, tokens, capsys, extra):
         (["--clip-norm", "0", "--clip", "per-unit"], "clip_norm must be > 0"),
         (["--betas", "0.9"], "--betas must be two numbers"),
         (["--resume", "/nonexistent/ckpt"], "--resume /nonexistent/ckpt: no such directory"),
+        (["--gpu-memory-gb", "100000"], "--gpu-memory-gb 100000 is more than"),
     ],
 )
 def test_bad_input_is_refused_with_one_line(capsys, argv, needle):
