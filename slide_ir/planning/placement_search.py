@@ -12,8 +12,11 @@ the user gave is kept.
    that fit: the step is the longer of a bound that falls with the count (host updates, the
    link) and one that rises (device updates on the compute lane), one minimum. Then streamed
    units for the memory left, by the closed-form estimate. Under global clipping, where a
-   streamed unit updates after the norm (`sliding`), each resident count is also timed with
-   its best streamed count, searched the same way (`resident_and_streamed`).
+   streamed unit updates after the norm (`post_norm`), each resident count is also timed with
+   its best streamed count, searched the same way (`resident_and_streamed`), from the fastest
+   of each activation placement: with the inputs on the host the forward's saves queue on the
+   `d2h` lane behind the states going down after the norm, so the inputs' home decides what
+   streaming gains.
 3. Other cache depths (DEPTHS) for the fastest, its resident count re-fitted to each; where
    nothing fits at the default depth, the search runs again with two cache units.
 4. Kept tapes (`TrainConfig.keep_activations`: the top layers' forwards keep their autograd
