@@ -226,7 +226,9 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
     if led.feasible:
         lines.append("verdict: fits")
     else:
-        lines.append(f"verdict: does not fit ({overflow_text(led)}). What would make it fit:")
+        lines.append(
+            f"verdict: does not fit ({overflow_text(led.overflows())}). What would make it fit:"
+        )
         lines += [f"  - {s}" for s in advice(p)]
     others = "; ".join(
         f"{name} GPU {b['gpu'] / GIB:.1f} GiB, host {b['cpu'] / GIB:.1f} GiB"
@@ -238,6 +240,6 @@ def render_plan(p: Plan, nvme_dirs: tuple[str, ...] = ()) -> str:
     return "\n".join(lines)
 
 
-def overflow_text(led: Ledger) -> str:
-    """The tiers a ledger overflows and by how much, as the plan's verdict says them."""
-    return ", ".join(f"{t} by {b / GIB:.1f} GiB" for t, b in led.overflows())
+def overflow_text(overflows: list[tuple[str, int]]) -> str:
+    """The tiers a plan overflows and by how much (`Ledger.overflows`), as its verdict says."""
+    return ", ".join(f"{t} by {b / GIB:.1f} GiB" for t, b in overflows)

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from simulator.data_parallel import DataParallelResult
-from slide.report import plan_summary, render_placement
+from slide.report import overflow_text, plan_summary, render_placement
 from slide_ir.ir.graph import OpKind
 from slide_ir.planning.data_parallel import DataParallelPlan
 from slide_ir.planning.ledger import REPORT_TIERS
@@ -70,8 +70,9 @@ def render_dp_plan(dp: DataParallelPlan) -> str:
     if dp.feasible:
         lines.append("verdict: fits")
     else:
-        over = ", ".join(f"{t} by {b / GIB:.1f} GiB" for t, b in dp.overflows())
-        lines.append(f"verdict: does not fit ({over}). What would make it fit:")
+        lines.append(
+            f"verdict: does not fit ({overflow_text(dp.overflows())}). What would make it fit:"
+        )
         lines += [f"  - {s}" for s in _dp_fixes(dp)]
     messages = _collective_bytes(dp)
     rs, ag = messages.get(OpKind.REDUCE_SCATTER, 0), messages.get(OpKind.ALL_GATHER, 0)

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if result.trace is None:
         raise ValueError(
             f"the demo plan at batch {args.batch} does not fit {MACHINE} "
-            f"({overflow_text(result.plan.ledger)}): try a smaller --batch"
+            f"({overflow_text(result.plan.ledger.overflows())}): try a smaller --batch"
         )
     write_atomic(out / "plan.json", plan_to_json(result.plan))
     write_atomic(out / "trace.json", json_out.dumps(to_chrome_trace(result.trace)))
