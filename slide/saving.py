@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from executor.interrupts import CtrlCSafeThread
 from executor.run import ReadState
 from slide.checkpoints import STATE_FILE, RunDir
 from slide.errors import StopRun
@@ -44,7 +45,7 @@ class Checkpointer:
     def __init__(self, run_dir: RunDir, writer: StateWriter) -> None:
         self.run_dir, self.writer = run_dir, writer
         self.last: Path | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: CtrlCSafeThread | None = None
         self._failure: StopRun | None = None
         self._cancel = threading.Event()
         self._warned = False
@@ -54,7 +55,7 @@ class Checkpointer:
         weights, moments = read_state()
         if background and self._snapshot_fits(weights, moments):
             state = (_copied(weights), _copied(moments))  # training waits for this copy only
-            self._thread = threading.Thread(
+            self._thread = CtrlCSafeThread(
                 target=self._write_in_background, args=(step, state), name="slide-checkpoint",
                 daemon=True,  # a second Ctrl-C ends the process at once: the partial write goes
             )  # fmt: skip

@@ -23,6 +23,7 @@ import torch
 from executor.adam import AdamWConfig, HostScratch, Part, StepHp, update_host
 from executor.buffers import OptState
 from executor.host_memory import HostMemory
+from executor.interrupts import CtrlCSafeThread
 from slide.calibration.probe_common import (
     MB,
     Figure,
@@ -106,7 +107,7 @@ class _DmaLoad:
         self.bufs = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
         self.devs = [torch.empty(n, dtype=torch.uint8, device="cuda") for _ in range(2)]
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread = CtrlCSafeThread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         up, down = torch.cuda.Stream(), torch.cuda.Stream()
@@ -242,7 +243,7 @@ def _in_thread(fn: Callable[[], float]) -> float:
         except BaseException as exc:
             error.append(exc)
 
-    thread = threading.Thread(target=body, name="calibrate-cpu-lane")
+    thread = CtrlCSafeThread(target=body, name="calibrate-cpu-lane")
     thread.start()
     thread.join()
     if error:

@@ -157,8 +157,16 @@ def test_killed_and_interrupted_runs_resume_bitwise(tmp_path, tokens, reference,
         _check_trial(t, tokens, reference)
 
 
+def _described(t: Trial) -> str:
+    """The trial, its exit code and its stderr's end, or from a fatal error on (its cause and
+    every thread's stack come before the modules faulthandler lists last)."""
+    fatal = t.stderr.find("Fatal Python error")
+    err = t.stderr[fatal : fatal + 4000] if fatal >= 0 else t.stderr[-300:]
+    return f"{t.how} ({t.out.name}, exit {t.code}, stderr {err!r})"
+
+
 def _check_trial(t: Trial, tokens: str, reference: dict[str, torch.Tensor]) -> None:
-    what = f"{t.how} ({t.out.name}, exit {t.code}, stderr {t.stderr[-300:]!r})"
+    what = _described(t)
     assert "Traceback" not in t.stderr, what
     if t.how.startswith("kill@") and t.how != "kill@random":
         assert t.code == -signal.SIGKILL, what
@@ -306,7 +314,7 @@ def _check_clip_trial(
     """The checkpoints published are those due before `step` (the killed step reached no save);
     the newest is the last due, or the one before it where the kill cut the last one's
     background write; it loads, and `--resume` gives the uninterrupted run's state bit for bit."""
-    what = f"{t.how} ({t.out.name}, exit {t.code}, stderr {t.stderr[-300:]!r})"
+    what = _described(t)
     assert t.code == -signal.SIGKILL, what
     assert "Traceback" not in t.stderr, what
     due = list(range(2, step, 2))  # --save-every 2

@@ -6,12 +6,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import torch
 
 from executor.interrupts import AbortRun
 from slide.ctrl_c import CtrlC
+from slide.saving import Checkpointer
+from slide.weights import WriteCancelled
 
 
 class _Reporter:
@@ -62,6 +68,46 @@ def test_a_ctrl_c_while_the_abort_cancels_the_checkpoint_is_ignored() -> None:
         pytest.fail("the Ctrl-C during the checkpoint's cancel interrupted it")
     else:
         pytest.fail("the abort did not stop the run")
+
+
+class _CancellableWrite:
+    """A checkpoint write that runs until cancelled, then takes `tail_s` to stop."""
+
+    tail_s = 0.3
+
+    def __init__(self) -> None:
+        self.started, self.ended = threading.Event(), threading.Event()
+
+    def publish(self, step: int, write: Callable[[Path], list[str]]) -> Path:  # the RunDir's
+        write(Path("unused"))
+        raise AssertionError("the write was never cancelled")
+
+    def write(self, directory: Path, step: int, *state: object, cancel: threading.Event) -> None:
+        self.started.set()
+        cancel.wait()
+        time.sleep(self.tail_s)  # the tensor in flight
+        self.ended.set()
+        raise WriteCancelled
+
+
+def test_a_ctrl_c_in_the_wait_for_a_checkpoint_leaves_its_cancel_waiting_for_the_writer() -> None:
+    """The final save waits for the write in flight; a Ctrl-C there aborts and cancels it. The
+    cancel must not return while the writer runs (the process would exit with it in C code:
+    SIGABRT): CPython 3.11's interrupted `Thread.join` marked the writer stopped."""
+    io = _CancellableWrite()
+    ckpt = Checkpointer(io, io)  # type: ignore[arg-type]
+    ckpt.save(1, lambda: ({"w": torch.zeros(4)}, {"m": torch.zeros(4)}))
+    assert io.started.wait(10)
+    ctrl_c = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        ctrl_c.start()
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.wait()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    ckpt.cancel()
+    assert io.ended.is_set(), "cancel returned while the checkpoint's writer was still running"
 
 
 # `slide train` with 2 s of the interpreter's shutdown held open (atexit runs in it)
