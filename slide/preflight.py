@@ -20,7 +20,7 @@ from pathlib import Path
 from slide import tensorboard_scalars
 from slide.checkpoints import RunDir
 from slide.errors import UserError
-from slide_ir.specs.config import TrainConfig
+from slide_ir.specs.config import PlacementMode, TrainConfig
 from slide_ir.specs.hardware import Machine, ram_bytes
 from slide_ir.specs.hardware_parts import GIB
 
@@ -93,6 +93,8 @@ def schedule_options(config: TrainConfig) -> None:
                    "--keep-activations": config.keep_activations,
                    "--cache-units": config.cache_units}  # fmt: skip
         given = [f"{flag} {value}" for flag, value in sliding.items() if value not in ("auto", 0)]
+        if config.placement == PlacementMode.SMALL:  # "fast", the default, says nothing
+            given.append("--placement small")
         if given:
             raise UserError(
                 f"{', '.join(given)}: only --schedule sliding places units (--schedule "
@@ -110,6 +112,15 @@ def schedule_options(config: TrainConfig) -> None:
         raise UserError(
             f"--optimizer {config.optimizer}: --schedule gpu-only keeps the optimizer state on "
             "the GPU; use --schedule sliding or zero-offload to keep it on NVMe"
+        )
+
+
+def clip_norm(args: argparse.Namespace) -> None:
+    """--clip-norm typed (not its default) where nothing clips, refused."""
+    if "clip_norm" in getattr(args, "given", ()) and args.clip == "none":
+        raise UserError(
+            f"--clip-norm {args.clip_norm} does nothing with --clip none: use --clip global "
+            "or per-unit, or drop --clip-norm"
         )
 
 
@@ -164,11 +175,6 @@ def check_train(args: argparse.Namespace, run: TrainRun) -> None:
             f"--packing documents: --data {args.data} is token ids with no document "
             "boundaries; give data Slide tokenizes (JSONL, JSON, parquet, arrow, CSV or text, "
             "with --tokenizer), or --packing stream"
-        )
-    if "clip_norm" in args.given and args.clip == "none":
-        raise UserError(
-            f"--clip-norm {args.clip_norm} does nothing with --clip none: use --clip global "
-            "or per-unit, or drop --clip-norm"
         )
     eval_options(args)
     to_run = args.steps - (run.resumed[1] if run.resumed else 0)

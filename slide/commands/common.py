@@ -283,6 +283,7 @@ def train_config(args: argparse.Namespace, **override: object) -> TrainConfig:
         "reduce_bucket": int(args.reduce_bucket),
     }
     fields.update(override)
+    preflight.clip_norm(args)
     config = TrainConfig(**fields)  # type: ignore[arg-type]
     preflight.schedule_options(config)
     config.check_held_grads()
