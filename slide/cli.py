@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from executor.phases import mark_command_start
 from slide.commands import COMMANDS
 from slide.errors import StopRun, UserError
 from slide.run_config import CONFIG_DEST, apply_config, bare_parser
@@ -49,6 +50,7 @@ def given_flags(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    mark_command_start()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from executor.phases import Phases, since_process_start
+from executor.phases import Phases, since_command_start
 from executor.ranks import Ranks
 from slide.checkpoints import RunDir
 from slide.errors import UserError
@@ -44,7 +44,7 @@ def run_training(req: TrainRequest, ranks: Ranks | None = None) -> dict[str, Any
     Data parallel (`ranks`): every rank reads the data and `--resume`; rank 0 alone writes
     (progress, metrics, traces, checkpoints), the others run with no outputs."""
     phases = Phases()
-    phases.add("imports", since_process_start())  # from the command to here
+    phases.add("imports", since_command_start())  # from the command to here
     if ranks is not None and not ranks.is_main:
         req = replace(req, out=None, metrics=None, tensorboard=None, trace=None,
                       save_trace=None, gantt=None, progress=False)  # fmt: skip

@@ -2,11 +2,13 @@
 work they showed was wasted (weights made to check their shapes, a second copy per unit)."""
 
 import json
+import time
 
 import torch
 
+from executor import phases as phases_mod
 from executor.layout import unit_layouts
-from executor.phases import Phases, since_process_start
+from executor.phases import Phases, since_command_start, since_process_start
 from executor.state import check_names, pack
 from slide.cli import main
 from slide.weights import RandomInit
@@ -17,9 +19,13 @@ def test_summary_says_where_the_seconds_went(tmp_path, tokens, capsys, caplog):
     caplog.set_level("INFO", logger="slide.phases")
     argv = ["train", "--device", "cpu", "--batch", "2", "--seq", "32", "--steps", "3",
             "--no-progress", "--data", tokens, "--out", str(tmp_path / "ckpt")]  # fmt: skip
+    start = time.perf_counter()
     assert main(argv) == 0
+    wall = time.perf_counter() - start
     summary = json.loads(capsys.readouterr().out)
     startup, shutdown = summary["startup"], summary["shutdown"]
+    # in this long-lived process, from main's call (plus, at most, a young process's age)
+    assert startup["imports_s"] <= wall + phases_mod.OWN_PROCESS_S, startup
     for phase in ("imports", "plan", "data", "buffers", "state", "first step"):
         assert startup[f"{phase}_s"] >= 0, startup
     assert startup["to_first_step_s"] <= startup["to_first_step_end_s"]
@@ -39,6 +45,14 @@ def test_phases_add_up_and_process_start_is_in_the_past():
     assert phases.table(("a", "b")) == {"a_s": round(phases.seconds["a"], 3)}
     assert phases.overlapped == {"b": 2.0}
     assert 0 < since_process_start() < 3600
+
+
+def test_a_command_counts_from_its_process_start_or_from_its_call(monkeypatch):
+    now = time.perf_counter()
+    monkeypatch.setattr(phases_mod, "_command_start", [now - 2.0, 0.5])  # the `slide` script
+    assert 2.5 <= since_command_start() < 3.5
+    monkeypatch.setattr(phases_mod, "_command_start", [now - 2.0, 900.0])  # a notebook's call
+    assert 2.0 <= since_command_start() < 3.0
 
 
 class _Counting(RandomInit):
