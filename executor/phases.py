@@ -32,12 +32,13 @@ def since_process_start() -> float:
 
 # a command entered this soon after its process started runs in a process of its own
 OWN_PROCESS_S = 10.0
-_command_start: list[float] = []  # perf_counter() when the latest command began, and process age
+_age_before_command = [0.0]  # seconds of the process's life before the latest command: not its
 
 
 def mark_command_start() -> None:
     """`slide.cli.main` was entered: a command begins (see `since_command_start`)."""
-    _command_start[:] = [time.perf_counter(), since_process_start()]
+    age = since_process_start()
+    _age_before_command[0] = age if age >= OWN_PROCESS_S else 0.0
 
 
 def since_command_start() -> float:
@@ -45,11 +46,7 @@ def since_command_start() -> float:
     rank) counts from its own start, the interpreter and the imports before `main` included;
     one that lives on around it (a notebook or a test calling `main`) from that call: its
     start-up read the whole process's age (1,604 s in a test run)."""
-    if not _command_start:
-        return since_process_start()
-    entered, age_then = _command_start
-    before = age_then if age_then < OWN_PROCESS_S else 0.0
-    return before + time.perf_counter() - entered
+    return since_process_start() - _age_before_command[0]
 
 
 class Phases:

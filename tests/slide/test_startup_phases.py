@@ -48,11 +48,16 @@ def test_phases_add_up_and_process_start_is_in_the_past():
 
 
 def test_a_command_counts_from_its_process_start_or_from_its_call(monkeypatch):
-    now = time.perf_counter()
-    monkeypatch.setattr(phases_mod, "_command_start", [now - 2.0, 0.5])  # the `slide` script
-    assert 2.5 <= since_command_start() < 3.5
-    monkeypatch.setattr(phases_mod, "_command_start", [now - 2.0, 900.0])  # a notebook's call
-    assert 2.0 <= since_command_start() < 3.0
+    age = [0.5]  # the process's age, as /proc gives it
+    monkeypatch.setattr(phases_mod, "since_process_start", lambda: age[0])
+    monkeypatch.setattr(phases_mod, "_age_before_command", [0.0])
+    phases_mod.mark_command_start()  # the `slide` script: from the process's start
+    age[0] = 3.0
+    assert since_command_start() == 3.0
+    age[0] = 900.0
+    phases_mod.mark_command_start()  # a notebook's call: from the call
+    age[0] = 902.5
+    assert since_command_start() == 2.5
 
 
 class _Counting(RandomInit):
